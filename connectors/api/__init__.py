@@ -1,0 +1,1 @@
+"""firstfault connectors/api."""

@@ -1,0 +1,113 @@
+"""Turn a POST /v1/analyze body into the engine's Bundle: JSON form or bundle archive.
+
+Both forms end in the same ``Bundle`` the CLI builds (``open_archive`` /
+``bundle_from_files``), so the diagnosis is byte-identical to ``firstfault analyze``.
+Runs in an engine thread: JSON parsing and decompression are CPU work too.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from firstfault.rules.bundle import Bundle, bundle_from_files, open_archive, parse_workload
+from firstfault.rules.errors import BundleError
+from firstfault.schemas import WorkloadRecord
+
+from .errors import ApiError
+from .limits import check_file_count, check_lines, classify_archive_error
+from .settings import ServiceSettings
+
+JSON = "application/json"
+ARCHIVE_TYPES = {
+    "application/gzip": "tar", "application/x-gzip": "tar",     # a .tar.gz bundle
+    "application/zip": "zip", "application/x-zip-compressed": "zip",
+}
+
+
+class AnalyzeRequest(BaseModel):
+    """The JSON form of one workload attempt's evidence (documented request schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: WorkloadRecord = Field(description="the workload.json object")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="file text keyed by bundle path, e.g. logs/syslog/node-02.log; paths outside the "
+                    "bundle layout are ignored, as in a bundle directory. Bytes that are not UTF-8 may be "
+                    "sent as lone surrogates U+DC80..U+DCFF (Python's surrogateescape).")
+
+
+class _Envelope(BaseModel):
+    # What is checked before the workload record goes through the engine's own parser.
+    model_config = ConfigDict(extra="forbid")
+
+    workload: dict[str, Any]
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+def media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def _unsafe(path: str) -> bool:
+    return path.startswith("/") or "\\" in path or ".." in path.split("/") or "\x00" in path
+
+
+def _encode(text: str) -> bytes:
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:          # a lone surrogate outside U+DC80..U+DCFF: keep the line, mark the byte
+        return text.encode("utf-8", "replace")
+
+
+def from_json(body: bytes, settings: ServiceSettings) -> Bundle:
+    try:
+        raw = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    if isinstance(raw, dict) and isinstance(raw.get("files"), dict):
+        check_file_count(len(raw["files"]), settings)   # before validating a huge map
+    try:
+        env = _Envelope.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(body)"
+        raise ApiError(422, "invalid_request", f"{where}: {first['msg']}") from None
+    for path in env.files:
+        if _unsafe(path):
+            raise ApiError(422, "invalid_bundle", f"files.{path}: unsafe path (absolute, '..' or backslash)")
+    try:
+        workload = parse_workload(env.workload, origin="workload")
+    except BundleError as exc:
+        raise ApiError(422, "invalid_workload", str(exc)) from None
+    try:
+        bundle = bundle_from_files(workload, {p: _encode(t) for p, t in env.files.items()})
+    except BundleError as exc:
+        raise ApiError(422, "invalid_bundle", str(exc)) from None
+    check_lines(bundle, settings)
+    return bundle
+
+
+def from_archive(body: bytes, kind: str, settings: ServiceSettings) -> Bundle:
+    cap = settings.max_archive_bytes
+    try:
+        # One uncompressed cap for any member and for all of them together.
+        bundle = open_archive(body, kind, origin="request body", max_member=cap, max_total=cap,
+                              max_members=settings.max_files)
+    except BundleError as exc:
+        raise classify_archive_error(str(exc)) from None
+    check_lines(bundle, settings)
+    return bundle
+
+
+def bundle_from_body(body: bytes, content_type: str | None, settings: ServiceSettings) -> Bundle:
+    mt = media_type(content_type)
+    if mt == JSON:
+        return from_json(body, settings)
+    if mt in ARCHIVE_TYPES:
+        return from_archive(body, ARCHIVE_TYPES[mt], settings)
+    raise ApiError(415, "unsupported_media_type",
+                   f"Content-Type {mt or '(none)'!r} is not one of application/json, application/gzip "
+                   "(a .tar.gz bundle), application/zip")

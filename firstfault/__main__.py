@@ -1,0 +1,3 @@
+from firstfault.cli import main
+
+raise SystemExit(main())

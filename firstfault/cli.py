@@ -1,0 +1,140 @@
+"""The ``firstfault`` command (contract section 4)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from firstfault.rules.errors import BundleError, CatalogError, FirstfaultError
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"FIRSTFAULT_{name}", default)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from firstfault.rules.engine import analyze_path
+
+    from .progress import Bar
+    from .render import summary
+
+    bar = Bar("reading")
+    try:
+        result = analyze_path(args.path, rules=args.rules, progress=bar)
+    finally:
+        bar.close()
+    if args.json:
+        sys.stdout.write(result.diagnosis.to_json() + "\n")
+    else:
+        st = result.stats
+        stats = {"files": st.files, "lines": st.lines, "candidates": st.candidates,
+                 "matched": st.matched, "unparsed": st.unparsed}
+        sys.stdout.write(summary(result.diagnosis, stats, color=sys.stdout.isatty()) + "\n")
+    return 0
+
+
+def cmd_rules_test(args: argparse.Namespace) -> int:
+    from firstfault.rules.catalog import load_catalog
+    from firstfault.rules.ruletest import run_rule_tests
+
+    results = run_rule_tests(load_catalog(args.rules), only=args.only)
+    passed = sum(r.passed for r in results)
+    failed = sum(len(r.failures) for r in results)
+    if args.json:
+        json.dump({"passed": passed, "failed": failed, "rules": len(results),
+                   "failures": [{"rule_id": r.rule_id, "file": r.file, "problem": f}
+                                for r in results for f in r.failures]}, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        for r in results:
+            for f in r.failures:
+                print(f"FAIL {r.rule_id} ({r.file}): {f}")
+        print(f"rules test: {len(results)} rules, {passed} examples passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def cmd_rules_lint(args: argparse.Namespace) -> int:
+    from firstfault.rules.catalog import lint_catalog
+
+    errors = lint_catalog(args.rules)
+    if args.json:
+        json.dump({"errors": [{"file": e.file, "rule_id": e.rule_id, "problem": e.problem} for e in errors]},
+                  sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        for e in errors:
+            print(str(e))
+        print(f"rules lint: {len(errors)} problem{'s' if len(errors) != 1 else ''}")
+    return 1 if errors else 0
+
+
+def cmd_rules_list(args: argparse.Namespace) -> int:
+    from firstfault.rules.catalog import load_catalog
+    from firstfault.rules.python import ordered
+
+    cat = load_catalog(args.rules)
+    rows = [("extract", p.id, p.priority, p.title) for p in cat.patterns]
+    rows += [("early", r.id, r.priority, r.title) for r in cat.early]
+    rows += [("final", r.id, r.priority, r.title) for r in cat.explains]
+    rows += [("final/python", r.id, r.priority, r.title) for r in ordered()]
+    if args.json:
+        json.dump({"rules_version": cat.version, "rules": [dict(zip(("stage", "id", "priority", "title"), r)) for r in rows]},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for stage, rid, prio, title in rows:
+            print(f"{stage:13} {prio:>5}  {rid:48} {title}")
+        print(f"{len(rows)} rules, version {cat.version}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="firstfault", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"firstfault {__import__('firstfault').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("analyze", help="diagnose one workload attempt's evidence bundle")
+    p.add_argument("path", help="bundle directory, .tar.gz or .zip")
+    p.add_argument("--json", action="store_true", help="print exactly the diagnosis object")
+    p.add_argument("--rules", default=_env("RULES"), help="a rules directory laid over the built-in catalog")
+    p.set_defaults(fn=cmd_analyze)
+
+    rules = sub.add_parser("rules", help="test, lint and list the rule catalog")
+    rsub = rules.add_subparsers(dest="rules_command", required=True)
+    for name, fn, helptext in (("test", cmd_rules_test, "run every rule's own examples"),
+                               ("lint", cmd_rules_lint, "validate the catalog"),
+                               ("list", cmd_rules_list, "list the rules")):
+        rp = rsub.add_parser(name, help=helptext)
+        rp.add_argument("--rules", default=_env("RULES"), help="a rules directory laid over the built-in catalog")
+        rp.add_argument("--json", action="store_true")
+        if name == "test":
+            rp.add_argument("--only", help="only rules whose id starts with this")
+        rp.set_defaults(fn=fn)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except BundleError as exc:
+        print(f"firstfault: unusable bundle: {exc}", file=sys.stderr)
+        return 2
+    except CatalogError as exc:
+        print(f"firstfault: rule catalog error: {exc}", file=sys.stderr)
+        return 2
+    except FirstfaultError as exc:
+        print(f"firstfault: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        print("firstfault: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

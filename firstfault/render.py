@@ -1,0 +1,95 @@
+"""The readable summary of a diagnosis, for a person at a terminal."""
+from __future__ import annotations
+
+from firstfault.schemas import Diagnosis
+
+_BAR = {"attributed": "ATTRIBUTED", "ambiguous": "AMBIGUOUS", "unattributed": "UNATTRIBUTED",
+        "no_failure": "NO FAILURE"}
+
+
+def _ranks(ranks: list[int], limit: int = 6) -> str:
+    """[0,1,2,3,7,9,10] -> '0-3,7,9-10'."""
+    if not ranks:
+        return "-"
+    spans, start, prev = [], ranks[0], ranks[0]
+    for r in ranks[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    text = ",".join(spans[:limit])
+    return text + (f",… ({len(ranks)} ranks)" if len(spans) > limit else "")
+
+
+def _hosts(hosts: list[str], limit: int = 4) -> str:
+    if not hosts:
+        return "-"
+    head = ", ".join(hosts[:limit])
+    return head + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
+
+
+def _t(stamp: str | None) -> str:
+    return "(no time)" if not stamp else stamp.replace("T", " ").rstrip("Z")[:23]
+
+
+def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str:
+    def c(text: str, code: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if color else text
+
+    status_color = {"attributed": "1;31", "ambiguous": "1;33", "unattributed": "1;33", "no_failure": "1;32"}
+    out = [f"firstfault  {d.workload_id} (attempt {d.attempt})  terminal state: {d.terminal_state}", ""]
+    head = _BAR[d.status]
+    if d.status == "attributed":
+        head += f"  {d.domain} / {d.sub_domain}"
+    elif d.status == "ambiguous":
+        head += f"  {d.domain}: {len(d.candidates)} causes fit"
+    out.append(c(head, status_color[d.status]))
+    rc = d.root_cause
+    if rc is not None:
+        where = ", ".join(x for x in (rc.host and f"host {rc.host}", rc.gpu is not None and f"GPU {rc.gpu}",
+                                      rc.rank is not None and f"rank {rc.rank}") if x)
+        out.append(f"  root cause  {rc.message}")
+        out.append(f"              {where}; logged {_t(rc.timestamp)}" + (f", onset {_t(rc.onset)}" if rc.onset != rc.timestamp else ""))
+        out.append(f"              {rc.ref.path}:{rc.ref.line}")
+        out.append(f"              | {rc.text[:160]}")
+    for cand in d.candidates:
+        out.append(f"  candidate   {cand.domain}/{cand.sub_domain} on {_hosts(cand.nodes)} "
+                   f"(explains {cand.coverage:.0%}): {cand.message}")
+    out.append(f"  responsible {_hosts(d.responsible_nodes)}    suspect {_hosts(d.suspect_nodes)}")
+    if d.status != "no_failure":
+        total = sum(s.count for s in d.symptoms)
+        out.append(f"  coverage    {d.symptom_coverage:.0%} of symptom lines explained ({total:,} symptom lines)")
+    out.append("")
+    timeline = []
+    if rc is not None:
+        timeline.append((rc.onset or rc.timestamp or "", rc.host or "-", c("ROOT ", "1") + f"{rc.kind}: {rc.message}"))
+    for s in d.symptoms:
+        timeline.append((s.first or "", _hosts(s.hosts, 2), f"{s.kind} ×{s.count}"))
+    if timeline:
+        out.append("Timeline (first events, by onset)")
+        for stamp, host, what in sorted(timeline, key=lambda x: (x[0] == "", x[0]))[:8]:
+            out.append(f"  {_t(stamp):23}  {host[:28]:28}  {what}")
+        out.append("")
+    if d.symptoms:
+        out.append("Symptoms")
+        for s in d.symptoms:
+            mark = "explained" if s.explained else "unexplained"
+            out.append(f"  {s.kind:24} {s.count:>8,}  {len(s.hosts):>4} hosts  ranks {_ranks(s.ranks)}  "
+                       f"{_t(s.first)} → {_t(s.last)}  [{mark}]  e.g. {s.sample.path}:{s.sample.line}")
+        out.append("")
+    if d.missing_evidence:
+        out.append("Missing evidence")
+        for m in d.missing_evidence:
+            what = _hosts(m.hosts) if m.hosts else ""
+            if m.ranks:
+                what += f" (ranks {_ranks(m.ranks)})"
+            out.append(f"  {m.kind:10} {m.detail}: {what}")
+        out.append("")
+    out.append(f"Recovery    {d.recovery.action}" + (f" {', '.join(d.recovery.nodes)}" if d.recovery.nodes else ""))
+    if stats:
+        out.append(f"Read        {stats['lines']:,} lines in {stats['files']} files: {stats['matched']:,} matched, "
+                   f"{stats['lines'] - stats['candidates']:,} unmatched, {stats['unparsed']} unparsed")
+    out.append(f"Rules       {d.rules_version}    diagnosis {d.diagnosis_id}")
+    return "\n".join(out)

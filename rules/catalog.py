@@ -1,0 +1,475 @@
+"""Load and validate the rule catalog (YAML in ``rules/catalog``), and hash it.
+
+Errors name the file and the rule id (``CatalogError``). ``load_catalog`` fails on
+the first error; ``lint_catalog`` collects them all. The catalog version is a
+content hash over every catalog file and the registered Python rule sources.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .decoders import DECODERS, ROLES, Tag, load_builtin_decoders
+from .errors import CatalogError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BUILTIN_CATALOG = PACKAGE_DIR / "catalog"
+SOURCES = frozenset({"app", "syslog", "fabricmanager", "scheduler", "metrics"})
+STATUSES = frozenset({"experimental", "test", "stable"})
+TYPES = {"int": int, "float": float, "str": str}
+_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Example:
+    line: str
+    source: str | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    id: str
+    file: str
+    title: str
+    description: str
+    status: str
+    sources: frozenset[str]
+    anchors: tuple[str, ...]
+    ignore_case: bool
+    regex: re.Pattern[str]
+    kind: str
+    types: Mapping[str, Any]
+    constants: Mapping[str, Any]
+    group_by: tuple[str, ...]
+    gpu_field: str | None
+    rank_field: str | None
+    host_field: str | None
+    onset_field: str | None
+    aggregate_ranks: bool
+    priority: int
+    references: tuple[str, ...]
+    match_examples: tuple[Example, ...]
+    nomatch_examples: tuple[Example, ...]
+
+
+@dataclass(frozen=True)
+class Condition:
+    """``when:`` of an EARLY rule: every key must hold."""
+
+    terms: tuple[tuple[str, "Matcher"], ...]
+
+
+@dataclass(frozen=True)
+class EarlyRule:
+    id: str
+    file: str
+    title: str
+    description: str
+    status: str
+    priority: int
+    when: Condition
+    action: str                 # tag | drop | decode
+    tag: Tag | None
+    decoder: str | None
+    output: str | None
+    fires: tuple[Example, ...]
+    quiet: tuple[Example, ...]
+
+
+@dataclass(frozen=True)
+class ExplainsRule:
+    """A FINAL demotion rule in the Alertmanager-inhibition shape: source explains target."""
+
+    id: str
+    file: str
+    title: str
+    description: str
+    priority: int
+    source: Condition
+    target: Condition
+    join: str                   # same_gpu | same_host | within_timeout_window | after_onset | same_workload
+    window_s: float | None
+    before_s: float
+    scenarios: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True, eq=False)      # identity hash: one compiled prefilter per loaded catalog
+class Catalog:
+    root: str
+    patterns: tuple[Pattern, ...]
+    early: tuple[EarlyRule, ...]
+    explains: tuple[ExplainsRule, ...]
+    settings: Mapping[str, Any]
+    taxonomy: Mapping[str, Mapping[str, Mapping[str, Any]]]
+    lists: Mapping[str, tuple[Any, ...]]
+    data_dir: Path
+    version: str
+
+    @property
+    def sub_domains(self) -> dict[str, str]:
+        """sub_domain -> domain."""
+        return {sd: dom for dom, subs in self.taxonomy.items() for sd in subs}
+
+
+# ---------------------------------------------------------------- file discovery
+
+def catalog_files(root: Path, overlay: Path | None = None) -> dict[str, Path]:
+    """Relative path -> file; an overlay's file with the same relative path replaces the built-in."""
+    files: dict[str, Path] = {}
+    for base in (root, overlay):
+        if base is None:
+            continue
+        if not base.is_dir():
+            raise CatalogError(str(base), None, "rules directory does not exist")
+        for path in sorted(base.rglob("*.yaml")):
+            files[path.relative_to(base).as_posix()] = path
+    return files
+
+
+def _python_rule_sources() -> list[Path]:
+    return sorted(p for d in (PACKAGE_DIR / "decoders", PACKAGE_DIR / "python") for p in d.glob("*.py"))
+
+
+def catalog_version(files: Mapping[str, Path]) -> str:
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        digest.update(rel.encode() + b"\0" + files[rel].read_bytes() + b"\0")
+    for path in _python_rule_sources():
+        digest.update(f"python/{path.name}".encode() + b"\0" + path.read_bytes() + b"\0")
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- parsing helpers
+
+class _Errors:
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.items: list[CatalogError] = []
+
+    def add(self, file: str, rule_id: str | None, problem: str) -> None:
+        err = CatalogError(file, rule_id, problem)
+        if self.strict:
+            raise err
+        self.items.append(err)
+
+
+def _examples(raw: Any, errs: _Errors, file: str, rid: str, what: str) -> tuple[Example, ...]:
+    out = []
+    for item in raw or []:
+        if isinstance(item, str):
+            out.append(Example(line=item))
+        elif isinstance(item, Mapping) and isinstance(item.get("line"), str):
+            src = item.get("source")
+            if src is not None and src not in SOURCES:
+                errs.add(file, rid, f"{what} example has unknown source {src!r}")
+            out.append(Example(line=item["line"], source=src, fields=dict(item.get("fields") or {})))
+        else:
+            errs.add(file, rid, f"{what} example must be a line or {{line: ...}}")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One term of a condition: equality, membership, regex, existence or exclusion."""
+
+    op: str                      # eq | in | regex | exists | not_in
+    arg: Any
+
+    def test(self, have: Any) -> bool:
+        if self.op == "exists":
+            return (have is not None) == self.arg
+        if self.op == "regex":
+            return have is not None and self.arg.search(str(have)) is not None
+        inside = have in self.arg or str(have) in self.arg if self.op in ("in", "not_in") else False
+        if self.op == "in":
+            return inside
+        if self.op == "not_in":
+            return not inside
+        return have == self.arg or str(have) == str(self.arg)
+
+
+def _members(values: Any) -> frozenset:
+    items = values if isinstance(values, (list, tuple)) else [values]
+    return frozenset(items) | frozenset(str(v) for v in items)
+
+
+def _condition(raw: Any, lists: Mapping[str, Any], errs: _Errors, file: str, rid: str, what: str) -> Condition:
+    if not isinstance(raw, Mapping) or not raw:
+        errs.add(file, rid, f"{what} must be a non-empty mapping")
+        return Condition(terms=())
+    terms = []
+    for key, value in raw.items():
+        if not (key in ("kind", "source", "pattern", "role", "domain", "sub_domain", "strength", "host")
+                or key.startswith("fields.")):
+            errs.add(file, rid, f"{what}: unknown key {key!r}")
+            continue
+        if isinstance(value, str) and value.startswith("@"):
+            if value[1:] not in lists:
+                errs.add(file, rid, f"{what}: unknown list {value!r}")
+                continue
+            terms.append((key, Matcher("in", _members(lists[value[1:]]))))
+        elif isinstance(value, list):
+            terms.append((key, Matcher("in", _members(value))))
+        elif isinstance(value, Mapping):
+            if "regex" in value:
+                try:
+                    terms.append((key, Matcher("regex", re.compile(str(value["regex"])))))
+                except re.error as exc:
+                    errs.add(file, rid, f"{what}: bad regex for {key}: {exc}")
+            elif "exists" in value:
+                terms.append((key, Matcher("exists", bool(value["exists"]))))
+            elif "not" in value:
+                inner = value["not"]
+                if isinstance(inner, str) and inner.startswith("@"):
+                    inner = list(lists.get(inner[1:], ()))
+                terms.append((key, Matcher("not_in", _members(inner))))
+            else:
+                errs.add(file, rid, f"{what}: {key} takes a value, a list, @list, {{regex}}, {{exists}} or {{not}}")
+        else:
+            terms.append((key, Matcher("eq", value)))
+    return Condition(terms=tuple(terms))
+
+
+def _tag(raw: Any, taxonomy: Mapping[str, Mapping[str, Any]], errs: _Errors, file: str, rid: str) -> Tag | None:
+    if not isinstance(raw, Mapping):
+        errs.add(file, rid, "tag must be a mapping with a role")
+        return None
+    role = raw.get("role")
+    if role not in ROLES:
+        errs.add(file, rid, f"tag role must be one of {', '.join(ROLES)}")
+        return None
+    dom, sub = raw.get("domain"), raw.get("sub_domain")
+    if role == "root":
+        if dom not in taxonomy or sub not in taxonomy.get(dom, {}):
+            errs.add(file, rid, f"tag {dom}/{sub} is not in the taxonomy")
+            return None
+    try:
+        return Tag(role=role, domain=dom, sub_domain=sub, strength=raw.get("strength", "strong"),
+                   fields=dict(raw.get("fields") or {}))
+    except ValueError as exc:
+        errs.add(file, rid, str(exc))
+        return None
+
+
+def _common(item: Mapping[str, Any], errs: _Errors, file: str, ids: set[str]) -> str | None:
+    rid = item.get("id")
+    if not isinstance(rid, str) or not _ID.match(rid):
+        errs.add(file, str(rid) if rid else None, "every rule needs an id of lower-case letters, digits, '.', '_' or '-'")
+        return None
+    if rid in ids:
+        errs.add(file, rid, "duplicate id")
+    ids.add(rid)
+    for key in ("title", "description"):
+        if not isinstance(item.get(key), str) or not item[key].strip():
+            errs.add(file, rid, f"missing {key}")
+    status = item.get("status", "stable")
+    if status not in STATUSES:
+        errs.add(file, rid, f"status must be one of {', '.join(sorted(STATUSES))}")
+    if not isinstance(item.get("priority", 0), int):
+        errs.add(file, rid, "priority must be an integer")
+    return rid
+
+
+def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -> Pattern | None:
+    rid = _common(item, errs, file, ids)
+    if rid is None:
+        return None
+    sources = item.get("sources") or []
+    if not sources or any(s not in SOURCES for s in sources):
+        errs.add(file, rid, f"sources must be a non-empty subset of {sorted(SOURCES)}")
+    anchors = item.get("anchors") or []
+    if not anchors or any(not isinstance(a, str) or len(a) < 3 for a in anchors):
+        errs.add(file, rid, "anchors must be literal strings of at least 3 characters")
+    flags = re.IGNORECASE if item.get("ignore_case") else 0
+    try:
+        regex = re.compile(str(item.get("regex", "")), flags)
+    except re.error as exc:
+        errs.add(file, rid, f"regex does not compile: {exc}")
+        return None
+    if not item.get("regex"):
+        errs.add(file, rid, "missing regex")
+    kind = item.get("kind")
+    if not isinstance(kind, str) or not _ID.match(kind):
+        errs.add(file, rid, "missing kind")
+    groups = set(regex.groupindex)
+    types = dict(item.get("types") or {})
+    for name, typ in types.items():
+        if typ not in TYPES:
+            errs.add(file, rid, f"type of {name} must be int, float or str")
+        if name not in groups:
+            errs.add(file, rid, f"types names {name!r}, which the regex does not capture")
+    constants = dict(item.get("set") or {})
+    group_by = item.get("group_by")
+    if group_by is None:
+        group_by = sorted(groups)
+    for g in group_by:
+        if g not in groups and g not in constants:
+            errs.add(file, rid, f"group_by names {g!r}, which is neither captured nor set")
+    for key in ("gpu", "rank", "host", "onset_ms"):
+        name = item.get(key)
+        if name is not None and name not in groups:
+            errs.add(file, rid, f"{key} names {name!r}, which the regex does not capture")
+    match = _examples((item.get("examples") or {}).get("match"), errs, file, rid, "match")
+    nomatch = _examples((item.get("examples") or {}).get("no_match"), errs, file, rid, "no_match")
+    if not match:
+        errs.add(file, rid, "needs at least one match example (a real line)")
+    if not nomatch:
+        errs.add(file, rid, "needs at least one no_match example")
+    return Pattern(
+        id=rid, file=file, title=item.get("title", ""), description=item.get("description", ""),
+        status=item.get("status", "stable"), sources=frozenset(sources),
+        anchors=tuple(a for a in anchors if isinstance(a, str)), ignore_case=bool(item.get("ignore_case")),
+        regex=regex, kind=str(kind), types={k: TYPES.get(v, str) for k, v in types.items()},
+        constants=constants, group_by=tuple(group_by), gpu_field=item.get("gpu"),
+        rank_field=item.get("rank"), host_field=item.get("host"), onset_field=item.get("onset_ms"),
+        aggregate_ranks=bool(item.get("aggregate_ranks", True)), priority=int(item.get("priority", 0)),
+        references=tuple(item.get("references") or ()), match_examples=match, nomatch_examples=nomatch,
+    )
+
+
+def _early(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lists: Mapping[str, Any],
+           taxonomy: Mapping[str, Any]) -> EarlyRule | None:
+    rid = _common(item, errs, file, ids)
+    if rid is None:
+        return None
+    action = item.get("action")
+    tag = decoder = None
+    if action == "tag":
+        tag = _tag(item.get("tag"), taxonomy, errs, file, rid)
+    elif action == "decode":
+        decoder = item.get("decoder")
+        if decoder not in DECODERS:
+            errs.add(file, rid, f"unknown decoder {decoder!r} (registered: {', '.join(sorted(DECODERS))})")
+    elif action != "drop":
+        errs.add(file, rid, "action must be tag, drop or decode")
+    when = _condition(item.get("when"), lists, errs, file, rid, "when")
+    ex = item.get("examples") or {}
+    fires = _examples(ex.get("fires"), errs, file, rid, "fires")
+    quiet = _examples(ex.get("quiet"), errs, file, rid, "quiet")
+    if not fires:
+        errs.add(file, rid, "needs at least one 'fires' example (a real line)")
+    if not quiet:
+        errs.add(file, rid, "needs at least one 'quiet' example")
+    return EarlyRule(
+        id=rid, file=file, title=item.get("title", ""), description=item.get("description", ""),
+        status=item.get("status", "stable"), priority=int(item.get("priority", 0)), when=when,
+        action=str(action), tag=tag, decoder=decoder, output=item.get("output"), fires=fires, quiet=quiet,
+    )
+
+
+JOINS = ("same_gpu", "same_host", "within_timeout_window", "after_onset", "same_workload")
+
+
+def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lists: Mapping[str, Any]) -> ExplainsRule | None:
+    rid = _common(item, errs, file, ids)
+    if rid is None:
+        return None
+    join = item.get("join")
+    if join not in JOINS:
+        errs.add(file, rid, f"join must be one of {', '.join(JOINS)}")
+    ex = item.get("examples") or {}
+    scenarios = tuple(ex.get("fires") or ()) + tuple(ex.get("quiet") or ())
+    if not ex.get("fires") or not ex.get("quiet"):
+        errs.add(file, rid, "needs 'fires' and 'quiet' example scenarios")
+    return ExplainsRule(
+        id=rid, file=file, title=item.get("title", ""), description=item.get("description", ""),
+        priority=int(item.get("priority", 0)),
+        source=_condition(item.get("source"), lists, errs, file, rid, "source"),
+        target=_condition(item.get("target"), lists, errs, file, rid, "target"),
+        join=str(join), window_s=item.get("window_s"), before_s=float(item.get("before_s", 0) or 0),
+        scenarios=tuple({"expect": "fires", **s} for s in ex.get("fires") or ())
+        + tuple({"expect": "quiet", **s} for s in ex.get("quiet") or ()),
+    )
+
+
+def _read_yaml(path: Path, rel: str, errs: _Errors) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        errs.add(rel, None, f"not valid YAML: {str(exc).splitlines()[0]}")
+        return {}
+
+
+def _build(files: Mapping[str, Path], root: str, strict: bool) -> tuple[Catalog, list[CatalogError]]:
+    load_builtin_decoders()
+    from . import python as _python_rules  # noqa: F401  (registers FINAL python rules)
+    errs = _Errors(strict)
+    taxonomy: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    tax_file = files.get("data/taxonomy.yaml")
+    if tax_file is None:
+        errs.add("data/taxonomy.yaml", None, "the taxonomy file is missing")
+    else:
+        taxonomy = (_read_yaml(tax_file, "data/taxonomy.yaml", errs) or {}).get("domains", {})
+    lists: dict[str, Any] = {}
+    docs: dict[str, Any] = {}
+    for rel, path in sorted(files.items()):
+        doc = _read_yaml(path, rel, errs)
+        docs[rel] = doc
+        if isinstance(doc, Mapping):
+            for name, values in (doc.get("lists") or {}).items():
+                if name in lists:
+                    errs.add(rel, None, f"list {name!r} defined twice")
+                lists[name] = tuple(values)
+    ids: set[str] = set()
+    patterns: list[Pattern] = []
+    early: list[EarlyRule] = []
+    explains: list[ExplainsRule] = []
+    for rel, doc in sorted(docs.items()):
+        if not isinstance(doc, Mapping):
+            errs.add(rel, None, "top level must be a mapping")
+            continue
+        if rel.startswith("extract/"):
+            for item in doc.get("patterns") or []:
+                if (p := _pattern(item, rel, errs, ids)) is not None:
+                    patterns.append(p)
+        elif rel.startswith("early/"):
+            for item in doc.get("rules") or []:
+                if (r := _early(item, rel, errs, ids, lists, taxonomy)) is not None:
+                    early.append(r)
+        elif rel.startswith("final/"):
+            for item in doc.get("explains") or []:
+                if (r := _explains(item, rel, errs, ids, lists)) is not None:
+                    explains.append(r)
+            for key, value in (doc.get("settings") or {}).items():
+                if key in settings:
+                    errs.add(rel, None, f"setting {key!r} defined twice")
+                settings[key] = value
+    catalog = Catalog(
+        root=root,
+        patterns=tuple(sorted(patterns, key=lambda p: (-p.priority, p.id))),
+        early=tuple(sorted(early, key=lambda r: (-r.priority, r.id))),
+        explains=tuple(sorted(explains, key=lambda r: (-r.priority, r.id))),
+        settings=settings, taxonomy=taxonomy, lists=lists,
+        data_dir=files["data/taxonomy.yaml"].parent if tax_file else BUILTIN_CATALOG / "data",
+        version=catalog_version(files),
+    )
+    return catalog, errs.items
+
+
+@lru_cache(maxsize=8)
+def _load_cached(overlay: str | None) -> Catalog:
+    files = catalog_files(BUILTIN_CATALOG, Path(overlay) if overlay else None)
+    catalog, _ = _build(files, overlay or str(BUILTIN_CATALOG), strict=True)
+    return catalog
+
+
+def load_catalog(overlay: str | Path | None = None) -> Catalog:
+    """The built-in catalog, with ``overlay``'s YAML files added or replacing same-named ones."""
+    return _load_cached(str(Path(overlay).resolve()) if overlay else None)
+
+
+def lint_catalog(overlay: str | Path | None = None) -> list[CatalogError]:
+    files = catalog_files(BUILTIN_CATALOG, Path(overlay) if overlay else None)
+    _, errors = _build(files, str(overlay or BUILTIN_CATALOG), strict=False)
+    return errors
+
+

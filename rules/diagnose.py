@@ -1,0 +1,198 @@
+"""Events of one workload attempt -> its Diagnosis: EARLY, FINAL, then the contract's object.
+
+Deterministic: output depends only on the workload record, the set of events
+(their content, not their order) and the catalog.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from firstfault.schemas import (
+    Candidate, Diagnosis, EvidenceStep, ExplainsEdge, MissingEvidence, Recovery, Ref, RootCause,
+    Symptom, WorkloadRecord,
+)
+
+from .catalog import Catalog
+from .early import run_early
+from .final import DEFAULT_SETTINGS, FinalContext, reachable, root_order
+from .model import Ev
+from .python import ordered as final_rules
+from .python.final_rules import responsible
+from .stamps import iso_z
+
+WORKLOAD_REF = "workload.json"
+# Node-scoped lines (kernel, driver, Fabric Manager) belong to a workload only within
+# this horizon around its run; the stream routes them with the same horizon.
+EVIDENCE_HORIZON_S = 3600.0
+NODE_SCOPED = ("syslog", "fabricmanager")
+
+
+def in_horizon(workload: WorkloadRecord, ev: Ev) -> bool:
+    if ev.source not in NODE_SCOPED or ev.stamp is None:
+        return True
+    span = timedelta(seconds=EVIDENCE_HORIZON_S)
+    if ev.stamp < workload.start_time - span:
+        return False
+    return workload.end_time is None or ev.stamp <= workload.end_time + span
+
+
+def scheduler_event(workload: WorkloadRecord) -> Ev:
+    """The scheduler's end of the attempt, as an event the EARLY rules can tag."""
+    fields: dict[str, Any] = {"state": workload.state, "terminal_state": workload.terminal_state,
+                              "exit_code": None if workload.exit_code is None else str(workload.exit_code)}
+    return Ev(kind="scheduler_end", pattern="workload", source="scheduler", path=WORKLOAD_REF, line=1,
+              text=f"state={workload.state} exit_code={workload.exit_code}", stamp=workload.end_time,
+              last_stamp=workload.end_time, onset=workload.end_time,
+              quality="exact" if workload.end_time else "none", fields=fields,
+              signature="scheduler_end")
+
+
+def diagnosis_id(workload: WorkloadRecord, events: Iterable[Ev], inventory: Mapping[str, Any], version: str) -> str:
+    """Content hash of the inputs' canonical form (the extracted events, not raw bytes) and the catalog."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(workload.canonical(), sort_keys=True, default=str).encode())
+    for ev in sorted(events, key=lambda e: e.signature):
+        digest.update(ev.to_schema().model_dump_json().encode())
+    digest.update(json.dumps({k: sorted(v) if isinstance(v, (set, list, tuple)) else v
+                              for k, v in sorted(inventory.items())}, sort_keys=True, default=str).encode())
+    digest.update(version.encode())
+    return "sha256:" + digest.hexdigest()[:32]
+
+
+def _refs(events: Iterable[Ev], limit: int) -> list[Ref]:
+    keys = sorted({(e.path, e.line) for e in events})[:limit]
+    return [Ref(path=p, line=n) for p, n in keys]
+
+
+def _gpu(ev: Ev) -> str | int | None:
+    return ev.gpu_index if ev.gpu_index is not None else ev.pci
+
+
+def _message(ev: Ev, catalog: Catalog) -> str:
+    if ev.output:
+        return ev.output
+    summary = catalog.taxonomy.get(ev.domain or "", {}).get(ev.sub_domain or "", {}).get("summary", ev.kind)
+    where = f" on {ev.host}" if ev.host else ""
+    return f"{summary}{where}"
+
+
+def _symptoms(ctx: FinalContext) -> list[Symptom]:
+    explained = set()
+    for root in ctx.chosen:
+        explained |= {id(t) for t in reachable(ctx, root)}
+    members: dict[str, list[Ev]] = defaultdict(list)
+    for ev in ctx.events:
+        if id(ev) in ctx.excluded or ev in ctx.chosen:
+            continue
+        if ev.role in ("symptom", "marker") or (ev.role == "root" and id(ev) in ctx.explained_by):
+            members[ev.kind].append(ev)
+        elif ev.role == "root" and ctx.status != "attributed" and not ctx.candidates:
+            members[ev.kind].append(ev)
+    out = []
+    for kind, evs in members.items():
+        evs.sort(key=lambda e: e.order_key())
+        firsts = [e.stamp for e in evs if e.stamp is not None]
+        lasts = [e.last_stamp or e.stamp for e in evs if (e.last_stamp or e.stamp) is not None]
+        out.append(Symptom(
+            kind=kind, count=sum(e.count for e in evs),
+            hosts=sorted({e.host for e in evs if e.host}),
+            ranks=sorted(set().union(*(e.ranks for e in evs))),
+            first=iso_z(min(firsts)) if firsts else None, last=iso_z(max(lasts)) if lasts else None,
+            sample=evs[0].ref(), explained=all(id(e) in explained for e in evs) and bool(ctx.chosen),
+        ))
+    out.sort(key=lambda s: (s.first is None, s.first or "", s.kind))
+    return out
+
+
+def _explains(ctx: FinalContext) -> list[ExplainsEdge]:
+    if not ctx.chosen:
+        return []
+    chain = {id(r) for r in ctx.chosen}
+    for r in ctx.chosen:
+        chain |= {id(t) for t in reachable(ctx, r) if t.role == "root"}
+    agg: dict[tuple, int] = defaultdict(int)
+    for e in ctx.edges:
+        if id(e.source) in chain:
+            agg[(e.rule_id, e.join, e.source.path, e.source.line, e.target.kind)] += e.target.count
+    return [ExplainsEdge(rule_id=r, join=j, source=Ref(path=p, line=n), target=k, count=c)
+            for (r, j, p, n, k), c in sorted(agg.items())]
+
+
+def _evidence(ctx: FinalContext, early_steps: Mapping[str, Mapping[str, Any]], catalog: Catalog) -> list[EvidenceStep]:
+    limit = int(ctx.settings["max_refs"])
+    steps = []
+    order = {r.id: i for i, r in enumerate(catalog.early)}
+    for rid in sorted(early_steps, key=lambda r: (order.get(r, 1 << 30), r)):
+        st = early_steps[rid]
+        refs = sorted(st["refs"])[:limit]
+        steps.append(EvidenceStep(rule_id=rid, stage="early", action=st["action"], count=st["count"],
+                                  events=[Ref(path=p, line=n) for p, n in refs], detail={}))
+    for st in ctx.steps:
+        steps.append(EvidenceStep(rule_id=st.rule_id, stage="final", action=st.action,
+                                  count=sum(e.count for e in st.events), events=_refs(st.events, limit),
+                                  detail=json.loads(json.dumps(st.detail, sort_keys=True, default=str))))
+    return steps
+
+
+def diagnose(workload: WorkloadRecord, events: Iterable[Ev], catalog: Catalog,
+             inventory: Mapping[str, Any] | None = None) -> Diagnosis:
+    inventory = dict(inventory or {})
+    evs = [e for e in events if in_horizon(workload, e)]
+    did = diagnosis_id(workload, evs, inventory, catalog.version)
+    # Work on copies so the caller's events stay as extracted (the stream keeps them in state).
+    work = [Ev(**{f: (getattr(e, f).copy() if isinstance(getattr(e, f), (dict, set, list)) else getattr(e, f))
+                  for f in Ev.__slots__}) for e in evs]
+    work.append(scheduler_event(workload))
+    work.sort(key=lambda e: (e.order_key(), e.signature))
+    kept, trail = run_early(catalog, work)
+    settings = {**DEFAULT_SETTINGS, **dict(catalog.settings), "_inventory": inventory}
+    ctx = FinalContext(workload=workload, catalog=catalog, events=kept, settings=settings)
+    for rule in final_rules():
+        rule.fn(ctx)
+    return _assemble(ctx, trail.steps, catalog, did)
+
+
+def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Diagnosis:
+    wl = ctx.workload
+    status = ctx.status or "unattributed"
+    root = None
+    domain, sub = "unknown", "unattributed"
+    candidates: list[Candidate] = []
+    if status == "no_failure":
+        domain, sub = "none", "none"
+    elif status == "attributed":
+        first = sorted(ctx.chosen, key=root_order)[0]
+        domain, sub = first.domain or "unknown", first.sub_domain or "unattributed"
+        root = RootCause(
+            kind=first.kind, domain=domain, sub_domain=sub, host=first.host, gpu=_gpu(first), rank=first.rank,
+            timestamp=iso_z(first.stamp), onset=iso_z(first.corrected_onset),
+            fields={k: v for k, v in sorted(first.fields.items()) if v is not None and not isinstance(v, (list, dict))},
+            ref=first.ref(), text=first.text, message=_message(first, catalog),
+        )
+    elif status == "ambiguous":
+        sub = "ambiguous"
+        doms = {c["domain"] for c in ctx.candidates}
+        domain = doms.pop() if len(doms) == 1 else "ambiguous"
+        for c in ctx.candidates:
+            members = c["members"]
+            candidates.append(Candidate(
+                domain=c["domain"] or "unknown", sub_domain=c["sub_domain"],
+                nodes=sorted({m.host for m in members if m.host}) if c["domain"] != "scheduler" else [],
+                coverage=c["coverage"], evidence=_refs(members, int(ctx.settings["max_refs"])),
+                message=_message(members[0], catalog)))
+    rec = ctx.recovery or {"action": "notify_owner", "nodes": []}
+    return Diagnosis(
+        workload_id=wl.workload_id, attempt=wl.attempt, terminal_state=wl.terminal_state, status=status,
+        domain=domain, sub_domain=sub, root_cause=root, responsible_nodes=responsible(ctx),
+        suspect_nodes=sorted(h for h in ctx.suspects if h),
+        candidates=candidates, symptoms=_symptoms(ctx), evidence=_evidence(ctx, early_steps, catalog),
+        explains=_explains(ctx), symptom_coverage=round(float(ctx.coverage), 4),
+        missing_evidence=[MissingEvidence(**m) for m in ctx.missing],
+        recovery=Recovery(action=rec["action"], nodes=sorted(rec["nodes"])),
+        rules_version=catalog.version, diagnosis_id=did,
+    )

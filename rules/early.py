@@ -1,0 +1,102 @@
+"""EARLY stage: every event, on its own, through the EARLY rules (decode, enrich, tag, drop)."""
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .catalog import Catalog, Condition, EarlyRule
+from .decoders import DECODERS, Tag
+from .model import Ev
+
+
+def value_of(ev: Ev, key: str) -> Any:
+    if key.startswith("fields."):
+        return ev.fields.get(key[7:])
+    return getattr(ev, key, None)
+
+
+def holds(cond: Condition, ev: Ev) -> bool:
+    """All terms of ``cond`` hold for ``ev``."""
+    return all(m.test(value_of(ev, key)) for key, m in cond.terms)
+
+
+class _Blank(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def render(template: str | None, ev: Ev) -> str | None:
+    if not template:
+        return None
+    values = _Blank({k: v for k, v in ev.fields.items() if v is not None})
+    values.update(host=ev.host or "?", gpu=ev.pci if ev.gpu_index is None else ev.gpu_index,
+                  rank=ev.rank if ev.rank is not None else "?", kind=ev.kind)
+    try:
+        return string.Formatter().vformat(template, (), values)
+    except (ValueError, IndexError, KeyError, AttributeError):
+        return template
+
+
+@dataclass
+class EarlyTrail:
+    """What each EARLY rule did: rule id -> (action, lines touched, refs)."""
+
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def note(self, rule: EarlyRule, ev: Ev, action: str) -> None:
+        step = self.steps.setdefault(rule.id, {"action": action, "count": 0, "refs": set()})
+        step["count"] += ev.count
+        step["refs"].add((ev.path, ev.line))
+
+
+def apply_tag(ev: Ev, tag: Tag, output: str | None) -> bool:
+    """Add the tag's fields; set role/taxonomy only if no earlier rule did. True if it set the role."""
+    for k, v in tag.fields.items():
+        ev.fields.setdefault(k, v)
+    if ev.role is not None:
+        return False
+    ev.role, ev.domain, ev.sub_domain, ev.strength = tag.role, tag.domain, tag.sub_domain, tag.strength
+    ev.output = render(tag.output or output, ev)
+    return True
+
+
+def decoder_input(ev: Ev) -> Mapping[str, Any]:
+    data = dict(ev.fields)
+    data.setdefault("pci", ev.pci)
+    data.setdefault("host", ev.host)
+    data.setdefault("rank", ev.rank)
+    return data
+
+
+def run_early(catalog: Catalog, events: Iterable[Ev]) -> tuple[list[Ev], EarlyTrail]:
+    """Tag every event; drop noise. Returns (kept events, trail). Pure apart from mutating events."""
+    trail = EarlyTrail()
+    kept: list[Ev] = []
+    for ev in events:
+        dropped = False
+        for rule in catalog.early:
+            if not holds(rule.when, ev):
+                continue
+            if rule.action == "drop":
+                ev.role = ev.role or "noise"
+                trail.note(rule, ev, "drop")
+                dropped = True
+                break
+            if rule.action == "tag" and rule.tag is not None:
+                apply_tag(ev, rule.tag, rule.output)
+                ev.early_rules.append(rule.id)
+                trail.note(rule, ev, "tag")
+            elif rule.action == "decode" and rule.decoder:
+                tag = DECODERS[rule.decoder](decoder_input(ev))
+                if tag is not None:
+                    apply_tag(ev, tag, rule.output)
+                ev.early_rules.append(rule.id)
+                trail.note(rule, ev, "decode")
+        if ev.role is None:
+            ev.role = "context"         # nothing claimed it: kept for the timeline, never blamed
+        if dropped or ev.role == "noise":
+            continue
+        kept.append(ev)
+    return kept, trail

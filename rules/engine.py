@@ -1,0 +1,151 @@
+"""The engine's public face: a bundle (or its files, or raw line records) in, a Diagnosis out.
+
+``analyze_path`` serves the CLI, ``analyze_files`` the REST service, and
+``extract_records`` + ``diagnose`` the stream; all three share one extraction and
+one rule run, so they agree on the same evidence.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from firstfault.schemas import Diagnosis, RawLine, WorkloadRecord
+
+from .bundle import Bundle, bundle_from_files, open_bundle, parse_workload
+from .catalog import Catalog, load_catalog
+from .diagnose import diagnose
+from .extract import ExtractStats, Extractor, source_of
+from .model import Ev, EventSet
+
+Progress = Callable[[int, int], None]        # (bytes done, bytes total)
+
+
+@dataclass
+class Analysis:
+    diagnosis: Diagnosis
+    stats: ExtractStats
+    events: list[Ev] = field(default_factory=list)
+
+
+def inventory_from_paths(workload: WorkloadRecord, paths: Iterable[str],
+                         metric_hosts: set[str] | None = None) -> dict[str, Any]:
+    """Which evidence exists, from the bundle paths that held at least one line.
+
+    The offline path passes its non-empty files; the stream passes the paths its
+    lines came from, so both see the same inventory.
+    """
+    from .extract import HostResolver
+
+    hosts = HostResolver(workload)
+    syslog_hosts, app_hosts = set(), set()
+    for path in paths:
+        src = source_of(path)
+        host = hosts.file_host(path, src or "app")
+        if src == "syslog" and host:
+            syslog_hosts.add(host)
+        elif src == "app" and host:
+            app_hosts.add(host)
+    inv: dict[str, Any] = {"syslog_hosts": sorted(syslog_hosts), "app_hosts": sorted(app_hosts)}
+    if metric_hosts is not None:
+        inv["has_metrics"] = True
+        inv["metric_hosts"] = sorted(metric_hosts)
+    return inv
+
+
+def _inventory(bundle: Bundle) -> dict[str, Any]:
+    paths = [f.path for f in bundle.files if f.size and source_of(f.path) != "metrics"]
+    has_metrics = any(source_of(f.path) == "metrics" and f.size for f in bundle.files)
+    return inventory_from_paths(bundle.workload, paths, _metric_hosts(bundle) if has_metrics else None)
+
+
+def _metric_hosts(bundle: Bundle) -> set[str]:
+    hosts: set[str] = set()
+    for f in bundle.files:
+        if source_of(f.path) != "metrics":
+            continue
+        rest = b""
+        for chunk in f.open_chunks():
+            data = rest + chunk
+            *lines, rest = data.split(b"\n")
+            for raw in lines:
+                try:
+                    host = json.loads(raw).get("host")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(host, str):
+                    hosts.add(host)
+        if rest.strip():
+            try:
+                host = json.loads(rest).get("host")
+                if isinstance(host, str):
+                    hosts.add(host)
+            except (ValueError, AttributeError):
+                pass
+    return hosts
+
+
+def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Progress | None = None,
+                   keep_events: bool = False) -> Analysis:
+    catalog = catalog or load_catalog()
+    extractor = Extractor(catalog, bundle.workload)
+    events = EventSet()
+    stats = ExtractStats()
+    total = bundle.total_bytes
+    done = 0
+
+    def step(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    for f in bundle.files:
+        if source_of(f.path) == "metrics":
+            step(f.size)
+            continue
+        stats.absorb(extractor.scan_file(f.path, f.open_chunks(), events, progress=step))
+    evs = events.sorted()
+    inventory = _inventory(bundle)
+    diagnosis = diagnose(bundle.workload, evs, catalog, inventory)
+    return Analysis(diagnosis=diagnosis, stats=stats, events=evs if keep_events else [])
+
+
+def analyze_path(path: str | Path, rules: str | Path | None = None, progress: Progress | None = None) -> Analysis:
+    """Diagnose a bundle directory or archive. Raises BundleError for an unusable bundle."""
+    return analyze_bundle(open_bundle(path), load_catalog(rules), progress)
+
+
+def analyze_files(workload: Mapping[str, Any] | WorkloadRecord, files: Mapping[str, bytes | str],
+                  rules: str | Path | None = None, catalog: Catalog | None = None) -> Analysis:
+    """Diagnose in-memory evidence: the workload record and files keyed by bundle path."""
+    wl = workload if isinstance(workload, WorkloadRecord) else parse_workload(workload)
+    return analyze_bundle(bundle_from_files(wl, files), catalog or load_catalog(rules))
+
+
+def extract_records(extractor: Extractor, records: Iterable[RawLine], events: EventSet,
+                    stats: ExtractStats | None = None) -> ExtractStats:
+    """Stream path: extract a batch of raw line records (any order) into ``events``."""
+    stats = stats or ExtractStats()
+    by_path: dict[str, list[RawLine]] = {}
+    for rec in records:
+        by_path.setdefault(rec.path, []).append(rec)
+    for path, recs in by_path.items():
+        recs.sort(key=lambda r: r.line)
+        source = recs[0].source or source_of(path) or "app"
+        file_host = extractor.hosts.file_host(path, source)
+        ctx = extractor.context(file_host)
+        for rec in recs:
+            stats.lines += 1
+            raw = rec.text.encode("utf-8", errors="surrogateescape")
+            hits = extractor.prefilter.scan(raw)
+            if not hits:
+                continue
+            stats.candidates += 1
+            ev = extractor.read_line(path, source, file_host, ctx, rec.line, raw, hits[0], None, stats)
+            if ev is not None:
+                stats.matched += 1
+                events.add(ev)
+    return stats

@@ -1,0 +1,308 @@
+"""Raw lines -> structured events, with the catalog's extraction patterns.
+
+The same code serves the offline bundle (whole files, read in chunks) and the
+stream (batches of raw records): both end in :meth:`Extractor.scan_block`, which
+runs the prefilter over one block of text and reads only the candidate lines.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import lru_cache
+from pathlib import PurePosixPath
+from typing import Any
+
+from firstfault.schemas import WorkloadRecord
+
+from .catalog import Catalog, Pattern
+from .model import Ev, EventSet
+from .prefilter import Prefilter
+from .prefixes import Head, StampContext, read_head
+
+MAX_LINE = 64 * 1024          # longer lines are read truncated (and flagged)
+LOOKBACK = 64                 # lines searched upward for a stamp to inherit
+_RANK_FILE = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
+_PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?$")
+
+
+def source_of(path: str) -> str | None:
+    parts = PurePosixPath(path).parts
+    if len(parts) >= 2 and parts[0] == "logs":
+        return {"app": "app", "syslog": "syslog", "fabricmanager": "fabricmanager",
+                "scheduler": "scheduler"}.get(parts[1])
+    if len(parts) >= 1 and parts[0] == "metrics":
+        return "metrics"
+    return None
+
+
+def normalize_pci(value: Any) -> str | None:
+    """'0000:91:00', '00000000:91:00.0', '91:00.0' -> '0000:91:00.0'."""
+    if value is None:
+        return None
+    m = _PCI.match(str(value).strip())
+    if not m:
+        return None
+    dom = (m["dom"] or "0000")[-4:]
+    return f"{dom}:{m['bus']}:{m['dev']}.{m['fn'] or '0'}".lower()
+
+
+class HostResolver:
+    """Names seen in lines (FQDNs, pod names, short names) -> the workload's node names."""
+
+    def __init__(self, workload: WorkloadRecord) -> None:
+        self.nodes = set(workload.nodes)
+        self.short = {n.split(".")[0]: n for n in workload.nodes}
+        self.pods = dict(workload.pods)
+        self.workload = workload
+
+    def node(self, name: str | None) -> str | None:
+        if not name:
+            return None
+        if name in self.nodes:
+            return name
+        if name in self.pods:
+            return self.pods[name]
+        short = name.split(".")[0]
+        if short in self.short:
+            return self.short[short]
+        return name
+
+    def file_host(self, path: str, source: str) -> str | None:
+        stem = PurePosixPath(path).stem
+        if source in ("syslog", "fabricmanager"):
+            return self.node(stem)
+        resolved = self.node(stem)
+        return resolved if resolved in self.nodes else None
+
+    def rank_host(self, rank: int | None) -> str | None:
+        return None if rank is None else self.workload.host_of_rank(rank)
+
+
+@dataclass
+class ExtractStats:
+    files: int = 0
+    lines: int = 0
+    candidates: int = 0
+    matched: int = 0
+    unparsed: int = 0
+    truncated: int = 0
+    unparsed_refs: list[tuple[str, int]] = field(default_factory=list)
+
+    def absorb(self, other: "ExtractStats") -> None:
+        for name in ("files", "lines", "candidates", "matched", "unparsed", "truncated"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.unparsed_refs = sorted(self.unparsed_refs + other.unparsed_refs)[:10]
+
+
+@lru_cache(maxsize=8)
+def _compiled(catalog: Catalog) -> tuple[Prefilter, list[list[Pattern]]]:
+    """One prefilter per catalog; anchor id -> patterns that list it (priority order)."""
+    index: dict[tuple[str, bool], int] = {}
+    by_anchor: list[list[Pattern]] = []
+    for pat in catalog.patterns:            # already in priority order
+        for anchor in pat.anchors:
+            key = (anchor, pat.ignore_case)
+            if key not in index:
+                index[key] = len(by_anchor)
+                by_anchor.append([])
+            by_anchor[index[key]].append(pat)
+    return Prefilter(list(index)), by_anchor
+
+
+class Extractor:
+    """Extraction for one workload (its stamps' year, zone and host names)."""
+
+    def __init__(self, catalog: Catalog, workload: WorkloadRecord, force_fallback: bool = False) -> None:
+        self.catalog = catalog
+        self.workload = workload
+        self.hosts = HostResolver(workload)
+        pre, self.by_anchor = _compiled(catalog)
+        self.prefilter = Prefilter(pre.anchors, force_fallback=True) if force_fallback else pre
+        self._priority = {p.id: i for i, p in enumerate(catalog.patterns)}
+
+    def context(self, host: str | None) -> StampContext:
+        boot = self.workload.boot_times.get(host) if host else None
+        return StampContext(zone=self.workload.zone, anchor=self.workload.start_time, boot=boot)
+
+    # ------------------------------------------------------------ offline files
+    def scan_file(self, path: str, chunks: Iterable[bytes], events: EventSet,
+                  progress=None) -> ExtractStats:
+        """Read one bundle file given as byte chunks (any split); merge its events into ``events``."""
+        stats = ExtractStats(files=1)
+        source = source_of(path) or "app"
+        file_host = self.hosts.file_host(path, source)
+        ctx = self.context(file_host)
+        tail: list[bytes] = []
+        base_line = 1
+        for chunk in _whole_lines(chunks):
+            lines_here = chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1)
+            self.scan_block(path, source, file_host, ctx, chunk, base_line, events, stats, tail)
+            stats.lines += lines_here
+            base_line += lines_here
+            tail = _last_lines(chunk, LOOKBACK)
+            if progress is not None:
+                progress(len(chunk))
+        return stats
+
+    def scan_block(self, path: str, source: str, file_host: str | None, ctx: StampContext,
+                   block: bytes, first_line: int, events: EventSet, stats: ExtractStats,
+                   tail: list[bytes] | None = None) -> None:
+        """Prefilter one block of consecutive lines of ``path`` starting at ``first_line``."""
+        hits = self.prefilter.scan(block)
+        if not hits:
+            return
+        line_no = first_line
+        pos = 0
+        for start in sorted(hits):
+            line_no += block.count(b"\n", pos, start)
+            pos = start
+            end = block.find(b"\n", start)
+            raw = block[start:end if end >= 0 else len(block)]
+            stats.candidates += 1
+            ev = self.read_line(path, source, file_host, ctx, line_no, raw, hits[start],
+                                lambda s=start: _lines_above(block, s, tail), stats)
+            if ev is not None:
+                stats.matched += 1
+                events.add(ev)
+
+    # ------------------------------------------------------------ one line
+    def read_line(self, path: str, source: str, file_host: str | None, ctx: StampContext,
+                  line_no: int, raw: bytes, anchor_ids: Iterable[int], above, stats: ExtractStats) -> Ev | None:
+        truncated = len(raw) > MAX_LINE
+        if truncated:
+            raw = raw[:MAX_LINE]
+            stats.truncated += 1
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        damaged = truncated or "\ufffd" in text
+        head = read_head(text, ctx)
+        tried: set[str] = set()
+        candidates: list[Pattern] = []
+        for aid in anchor_ids:
+            for pat in self.by_anchor[aid]:
+                if pat.id not in tried and source in pat.sources:
+                    tried.add(pat.id)
+                    candidates.append(pat)
+        candidates.sort(key=lambda p: self._priority[p.id])
+        for pat in candidates:
+            m = pat.regex.search(head.message)
+            if m is not None:
+                if head.stamp is None and head.quality != "order_only" and above is not None:
+                    _inherit(head, above(), ctx)
+                return self._event(pat, m, head, path, source, file_host, line_no, text, damaged)
+        if damaged:
+            stats.unparsed += 1
+            if len(stats.unparsed_refs) < 10:
+                stats.unparsed_refs.append((path, line_no))
+            # Kept as evidence: one aggregated event per file, so a flood stays one entry.
+            return Ev(kind="unparsed", pattern="unparsed", source=source, path=path, line=line_no,
+                      text=text[:2000], host=file_host, stamp=head.stamp, last_stamp=head.stamp,
+                      onset=head.stamp, quality=head.quality,
+                      fields={"reason": "line too long" if truncated else "invalid UTF-8"},
+                      signature="\x1f".join(("unparsed", path)))
+        return None
+
+    def _event(self, pat: Pattern, m: re.Match[str], head: Head, path: str, source: str,
+               file_host: str | None, line_no: int, text: str, damaged: bool) -> Ev:
+        fields: dict[str, Any] = dict(pat.constants)
+        for name, value in m.groupdict().items():
+            if value is None:
+                fields.setdefault(name, None)
+                continue
+            typ = pat.types.get(name, str)
+            try:
+                fields[name] = typ(value)
+            except ValueError:
+                fields[name] = value
+        if damaged:
+            fields["damaged_line"] = True
+        if head.uptime is not None:
+            fields.setdefault("uptime_s", head.uptime)
+        if head.pid is not None:
+            fields.setdefault("pid_prefix", head.pid)
+        if head.dev is not None:
+            fields.setdefault("cuda_dev", head.dev)
+        rank = head.rank
+        if rank is None and pat.rank_field and isinstance(fields.get(pat.rank_field), int):
+            rank = fields[pat.rank_field]
+        if rank is None and source == "app":
+            fm = _RANK_FILE.search(PurePosixPath(path).stem)
+            rank = int(fm.group(1)) if fm else None
+        # Who the line is about: a host it names, the NCCL prefix, the file's host, then the
+        # rank map (explicit, else block placement by gpus_per_node, which is only a guess).
+        host = None
+        if pat.host_field and fields.get(pat.host_field):
+            host = self.hosts.node(str(fields[pat.host_field]))
+        if host is None and source in ("syslog", "fabricmanager"):
+            host = file_host
+        if host is None and head.host:
+            host = self.hosts.node(head.host)
+        if host is None:
+            host = file_host or self.hosts.rank_host(rank)
+        pci = normalize_pci(fields.get(pat.gpu_field)) if pat.gpu_field else None
+        onset = head.stamp
+        if head.stamp is not None and pat.onset_field and isinstance(fields.get(pat.onset_field), (int, float)):
+            onset = head.stamp - timedelta(milliseconds=fields[pat.onset_field])
+        group = tuple(repr(fields.get(g)) for g in pat.group_by)
+        rank_key = "*" if pat.aggregate_ranks else repr(rank)
+        signature = "\x1f".join((pat.kind, pat.id, source, host or "", pci or "", rank_key) + group)
+        return Ev(kind=pat.kind, pattern=pat.id, source=source, path=path, line=line_no,
+                  text=text[:2000], host=host, pci=pci, rank=rank, stamp=head.stamp,
+                  last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
+                  count=1, ranks={rank} if rank is not None else set(), signature=signature)
+
+
+def _inherit(head: Head, lines_above: Iterator[str], ctx: StampContext) -> None:
+    """Take the stamp of the nearest stamped line above, whatever rank wrote it.
+
+    A merged stdout (srun --label) interleaves ranks in about real time, so the
+    nearest stamped line is the best bound; the same rank's last stamp may be
+    minutes older (a rank that hangs prints nothing until its error).
+    """
+    for text in lines_above:
+        other = read_head(text, ctx)
+        if other.stamp is not None:
+            head.stamp, head.quality = other.stamp, "inherited"
+            return
+
+
+def _lines_above(block: bytes, start: int, tail: list[bytes] | None) -> Iterator[str]:
+    end = start - 1
+    n = 0
+    while end >= 0 and n < LOOKBACK:
+        begin = block.rfind(b"\n", 0, end) + 1
+        yield block[begin:end][:MAX_LINE].decode("utf-8", errors="replace").rstrip("\r")
+        end = begin - 1
+        n += 1
+    for raw in reversed(tail or []):
+        if n >= LOOKBACK:
+            return
+        yield raw[:MAX_LINE].decode("utf-8", errors="replace").rstrip("\r")
+        n += 1
+
+
+def _last_lines(chunk: bytes, k: int) -> list[bytes]:
+    parts = chunk.rsplit(b"\n", k + 1)
+    return [p for p in parts[-k:] if p] if len(parts) > 1 else [chunk]
+
+
+def _whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Re-cut arbitrary byte chunks at line ends (the last line may lack its newline)."""
+    rest = b""
+    for chunk in chunks:
+        if not chunk:
+            continue
+        data = rest + chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            if len(rest) > 256 * 1024 * 1024:   # a file with no line ends at all: bound memory
+                yield rest
+                rest = b""
+            continue
+        yield data[:cut + 1]
+        rest = data[cut + 1:]
+    if rest:
+        yield rest
+

@@ -1,0 +1,217 @@
+"""FINAL stage: the workload's events together -> one decision.
+
+``FinalContext`` is the working state the FINAL rules read and write; the rules
+themselves are registered Python functions (``rules/python``) and declarative
+explains rules (``rules/catalog/final``). Pure apart from the context object.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from firstfault.schemas import WorkloadRecord
+
+from .catalog import Catalog, ExplainsRule
+from .early import holds
+from .model import Ev
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "clock_tolerance_s": 10.0,        # host clocks may disagree this much when nothing measures it
+    "hang_slack_s": 60.0,             # a hang may begin this long before the fault that explains it
+    "default_timeout_ms": 600000,     # PyTorch's NCCL process-group default, when no line states one
+    "min_coverage": 0.5,              # a root must explain at least this share of symptom lines
+    "ambiguity_margin": 0.1,          # roots within this coverage of the best one also fit
+    "window_slack_s": 300.0,          # workload window padding for events before start / after end
+    "max_refs": 10,
+}
+
+
+@dataclass
+class Edge:
+    rule_id: str
+    join: str
+    source: Ev
+    target: Ev
+
+
+@dataclass
+class Step:
+    rule_id: str
+    action: str
+    events: list[Ev] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FinalContext:
+    workload: WorkloadRecord
+    catalog: Catalog
+    events: list[Ev]
+    settings: dict[str, Any]
+    offsets: dict[str, float] = field(default_factory=dict)     # host -> seconds its clock runs ahead
+    clock_bound_s: float | None = None
+    edges: list[Edge] = field(default_factory=list)
+    explained_by: dict[int, Ev] = field(default_factory=dict)  # id(root) -> the root that explains it
+    excluded: set[int] = field(default_factory=set)
+    steps: list[Step] = field(default_factory=list)
+    # the decision
+    status: str | None = None
+    chosen: list[Ev] = field(default_factory=list)
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    coverage: float = 0.0
+    suspects: set[str] = field(default_factory=set)
+    missing: list[dict[str, Any]] = field(default_factory=list)
+    recovery: dict[str, Any] | None = None
+    coverage_of: dict[int, float] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ views
+    def by_role(self, role: str) -> list[Ev]:
+        return [e for e in self.events if e.role == role and id(e) not in self.excluded]
+
+    @property
+    def roots(self) -> list[Ev]:
+        return self.by_role("root")
+
+    @property
+    def independent_roots(self) -> list[Ev]:
+        return [e for e in self.roots if id(e) not in self.explained_by]
+
+    @property
+    def symptoms(self) -> list[Ev]:
+        return self.by_role("symptom")
+
+    def step(self, rule_id: str, action: str, events: list[Ev] | None = None, **detail: Any) -> None:
+        self.steps.append(Step(rule_id, action, list(events or []), detail))
+
+    def tol(self) -> timedelta:
+        bound = self.clock_bound_s if self.clock_bound_s is not None else 0.0
+        return timedelta(seconds=max(float(self.settings["clock_tolerance_s"]), bound))
+
+    def when(self, ev: Ev) -> datetime | None:
+        """Corrected onset (what the line reports began), else corrected stamp."""
+        return ev.corrected_onset
+
+    def seen(self, ev: Ev) -> datetime | None:
+        """Corrected time the line was written."""
+        if ev.stamp is None:
+            return None
+        return ev.stamp - timedelta(seconds=self.offsets.get(ev.host or "", 0.0))
+
+    def timeout_ms(self, ev: Ev) -> float:
+        value = ev.fields.get("timeout_ms")
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+        seen = [e.fields.get("timeout_ms") for e in self.events if isinstance(e.fields.get("timeout_ms"), (int, float))]
+        return float(max(seen)) if seen else float(self.settings["default_timeout_ms"])
+
+
+# ---------------------------------------------------------------- explains engine
+
+def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
+    """Does ``src`` explain ``tgt`` under the rule's join and window?"""
+    s_on = ctx.when(src)
+    t_seen = ctx.seen(tgt)
+    t_on = ctx.when(tgt) or t_seen
+    tol = ctx.tol()
+    join = rule.join
+    if join in ("same_host", "same_gpu"):
+        if not src.host or src.host != tgt.host:
+            return False
+        if join == "same_gpu" and src.pci and tgt.pci and src.pci != tgt.pci:
+            return False
+    if join == "within_timeout_window":
+        # The hang began when the collective was enqueued: the line's stamp minus how long it
+        # ran (or minus the timeout when the line does not say). A fault causes the hang if it
+        # happened within about one training step of that moment, either side: the waiting
+        # ranks got there first, or the failing rank died before they arrived.
+        if s_on is None or t_seen is None:
+            return False
+        if tgt.onset is not None and tgt.onset != tgt.stamp and tgt.corrected_onset is not None:
+            hang_onset = tgt.corrected_onset
+        else:
+            hang_onset = t_seen - timedelta(milliseconds=ctx.timeout_ms(tgt))
+        slack = timedelta(seconds=float(ctx.settings["hang_slack_s"])) + tol
+        return abs(s_on - hang_onset) <= slack
+    if s_on is None or t_on is None:
+        # Untimed events join only on place, never on time.
+        return join in ("same_host", "same_gpu") and rule.window_s is None
+    before = timedelta(seconds=rule.before_s)
+    if t_on < s_on - tol - before:
+        return False
+    if rule.window_s is not None and t_on - s_on > timedelta(seconds=float(rule.window_s)) + tol:
+        return False
+    return True
+
+
+def run_explains(ctx: FinalContext) -> None:
+    """Apply the declarative explains rules in priority order; record edges, demote explained roots."""
+    order = sorted(ctx.roots, key=root_order)
+    for rule in ctx.catalog.explains:
+        fired: list[Ev] = []
+        demoted: list[Ev] = []
+        targets = [t for t in ctx.events if id(t) not in ctx.excluded and t.role in ("root", "symptom", "marker")
+                   and holds(rule.target, t)]
+        if not targets:
+            continue
+        for src in order:
+            if id(src) in ctx.explained_by or not holds(rule.source, src):
+                continue
+            for tgt in targets:
+                if tgt is src or id(tgt) in ctx.explained_by:
+                    continue
+                if tgt.role == "root" and root_order(tgt) < root_order(src) and not _outranks(rule, src, tgt, ctx):
+                    continue
+                if not joins(ctx, rule, src, tgt):
+                    continue
+                ctx.edges.append(Edge(rule.id, rule.join, src, tgt))
+                fired.append(tgt)
+                if tgt.role == "root":
+                    ctx.explained_by[id(tgt)] = src
+                    demoted.append(tgt)
+        if fired:
+            ctx.step(rule.id, "explain", fired, demoted=len(demoted))
+
+
+def _outranks(rule: ExplainsRule, src: Ev, tgt: Ev, ctx: FinalContext) -> bool:
+    """A root earlier than ``src`` may still be explained by it when the rule allows it to come first."""
+    return rule.before_s > 0
+
+
+def root_order(ev: Ev) -> tuple:
+    t = ev.corrected_onset
+    return (t is None, t.replace(tzinfo=None) if t else datetime.max, ev.strength != "strong",
+            ev.host or "", ev.path, ev.line)
+
+
+def reachable(ctx: FinalContext, root: Ev) -> list[Ev]:
+    """Every event explained by ``root``, directly or through roots it explains."""
+    children: dict[int, list[Ev]] = defaultdict(list)
+    for e in ctx.edges:
+        children[id(e.source)].append(e.target)
+    out: list[Ev] = []
+    seen = {id(root)}
+    stack = [root]
+    while stack:
+        cur = stack.pop()
+        for t in children.get(id(cur), []):
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            out.append(t)
+            if t.role == "root":
+                stack.append(t)
+    return out
+
+
+def coverage(ctx: FinalContext, roots: list[Ev]) -> float:
+    total = sum(s.count for s in ctx.symptoms)
+    if total == 0:
+        return 1.0
+    covered: dict[int, Ev] = {}
+    for r in roots:
+        for t in reachable(ctx, r):
+            if t.role == "symptom":
+                covered[id(t)] = t
+    return round(sum(t.count for t in covered.values()) / total, 4)

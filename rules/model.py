@@ -1,0 +1,109 @@
+"""The engine's working event: a mutable, slotted record with an order-free merge.
+
+Converted to and from :class:`firstfault.schemas.Event` at the boundaries (the
+structured-events topic, tests). Everything the rules add (role, taxonomy,
+decoded fields, rule ids) lives here too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from firstfault.schemas import Event, GpuRef, Ref
+
+_FAR = datetime.max.replace(tzinfo=None)
+
+
+@dataclass(slots=True)
+class Ev:
+    kind: str
+    pattern: str
+    source: str
+    path: str
+    line: int
+    text: str
+    host: str | None = None
+    pci: str | None = None
+    gpu_index: int | None = None
+    rank: int | None = None
+    stamp: datetime | None = None
+    last_stamp: datetime | None = None
+    onset: datetime | None = None
+    quality: str = "none"
+    fields: dict[str, Any] = field(default_factory=dict)
+    count: int = 1
+    ranks: set[int] = field(default_factory=set)
+    signature: str = ""
+    # set by the rules
+    role: str | None = None
+    domain: str | None = None
+    sub_domain: str | None = None
+    strength: str = "strong"
+    output: str | None = None
+    early_rules: list[str] = field(default_factory=list)
+    corrected_onset: datetime | None = None
+
+    def order_key(self) -> tuple:
+        """Earliest occurrence first; unstamped last; ties broken by the line's place."""
+        return (self.stamp is None, self.stamp.replace(tzinfo=None) if self.stamp else _FAR, self.path, self.line)
+
+    def ref(self) -> Ref:
+        return Ref(path=self.path, line=self.line)
+
+    def merge(self, other: "Ev") -> None:
+        """Fold ``other`` (same signature) into self; associative and commutative."""
+        if other.order_key() < self.order_key():
+            for name in ("path", "line", "text", "rank", "quality", "fields", "pci", "gpu_index"):
+                setattr(self, name, getattr(other, name))
+        self.count += other.count
+        self.ranks |= other.ranks
+        stamps = [s for s in (self.stamp, other.stamp) if s is not None]
+        self.stamp = min(stamps) if stamps else None
+        lasts = [s for s in (self.last_stamp, other.last_stamp, self.stamp, other.stamp) if s is not None]
+        self.last_stamp = max(lasts) if lasts else None
+        onsets = [s for s in (self.onset, other.onset) if s is not None]
+        self.onset = min(onsets) if onsets else None
+
+    def to_schema(self) -> Event:
+        return Event(
+            kind=self.kind, pattern=self.pattern, source=self.source, host=self.host,
+            gpu=GpuRef(pci=self.pci, index=self.gpu_index) if (self.pci or self.gpu_index is not None) else None,
+            rank=self.rank, stamp=self.stamp, last_stamp=self.last_stamp, onset=self.onset,
+            stamp_quality=self.quality, fields=self.fields, ref=self.ref(), text=self.text,
+            count=self.count, ranks=sorted(self.ranks), signature=self.signature,
+        )
+
+    @classmethod
+    def from_schema(cls, ev: Event) -> "Ev":
+        return cls(
+            kind=ev.kind, pattern=ev.pattern, source=ev.source, path=ev.ref.path, line=ev.ref.line,
+            text=ev.text, host=ev.host, pci=ev.gpu.pci if ev.gpu else None,
+            gpu_index=ev.gpu.index if ev.gpu else None, rank=ev.rank, stamp=ev.stamp,
+            last_stamp=ev.last_stamp, onset=ev.onset, quality=ev.stamp_quality, fields=dict(ev.fields),
+            count=ev.count, ranks=set(ev.ranks), signature=ev.signature,
+        )
+
+
+class EventSet:
+    """Events keyed by signature; adding merges. Memory grows with distinct signatures only."""
+
+    def __init__(self) -> None:
+        self._by_sig: dict[str, Ev] = {}
+
+    def add(self, ev: Ev) -> None:
+        have = self._by_sig.get(ev.signature)
+        if have is None:
+            self._by_sig[ev.signature] = ev
+        else:
+            have.merge(ev)
+
+    def update(self, events) -> None:
+        for ev in events:
+            self.add(ev)
+
+    def __len__(self) -> int:
+        return len(self._by_sig)
+
+    def sorted(self) -> list[Ev]:
+        return sorted(self._by_sig.values(), key=lambda e: (e.order_key(), e.signature))

@@ -1,0 +1,153 @@
+"""Strip the prefixes that collectors and launchers put in front of a message.
+
+``read_head`` peels them off one by one (syslog or journal header, dmesg stamp,
+srun label, torchrun/PyTorch rank tags, glog header, NCCL ``host:pid:tid [dev]``,
+Fabric Manager header, bracketed or bare date-times) and records what they say:
+stamp, host, rank, pid, CUDA device. What is left is the message the extraction
+patterns read. Pure function of the line and a :class:`StampContext`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+
+from .stamps import MONTHS, from_uptime, micro_of, parse_iso, with_year
+
+_MON = r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+
+# RFC 3164: "Nov  2 10:03:11 node-02 kernel: " (host may be missing: "Aug 19 11:38:39  NVRM: ...")
+_RFC3164 = re.compile(
+    _MON + r" (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
+    r"(?:(?P<host>[\w.:-]+) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d+)\])?: )?")
+# journal / RFC 5424-ish: "2026-11-02T10:03:11.123456+00:00 node-02 kernel: "
+_ISO_HOST = re.compile(
+    r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) "
+    r"(?P<host>[\w.-]+) (?P<prog>[\w./@-]+)(?:\[(?P<pid>\d+)\])?: ")
+# bare ISO (dmesg --time-format iso, python logging "2026-11-02 10:01:00,123 ")
+_ISO_BARE = re.compile(
+    r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?: - | |$)")
+# "[2026-11-02 10:01:00,123] " / slurmctld "[2026-11-02T10:21:14.123] "
+_ISO_BRACKET = re.compile(
+    r"\[(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]:? ")
+_DMESG_UPTIME = re.compile(r"\[\s*(?P<up>\d+\.\d+)\] ?")
+_DMESG_DELTA = re.compile(r"\[\s*\+\s*\d+\.\d+\] ?")
+_DMESG_CTIME = re.compile(
+    r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON +
+    r" (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d) (?P<year>\d{4})\] ?")
+# Fabric Manager: "[Jul 23 2024 07:53:55] [ERROR] [tid 841] "
+_FM = re.compile(
+    r"\[" + _MON + r" (?P<day>\d\d) (?P<year>\d{4}) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)\] "
+    r"\[(?P<level>[A-Z]+)\] (?:\[tid \d+\] )?")
+_SRUN_LABEL = re.compile(r"\s{0,8}(?P<rank>\d{1,7}): ")
+_TORCHRUN = re.compile(r"\[default(?P<local>\d+)\]:")
+_RANK_TAG = re.compile(r"\[rank(?P<rank>\d+)\]:")
+# glog as PyTorch C++ prints it: "[E1102 10:13:12.044871 ProcessGroupNCCL.cpp:632] ",
+# with a thread id in some builds, and the old "[E ProcessGroupNCCL.cpp:737] ".
+_GLOG_BRACKET = re.compile(
+    r"\[(?P<level>[EWIF])(?:(?P<mo>\d{1,2})(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)\.(?P<frac>\d+))?"
+    r"(?: \d+)? ?(?P<src>[\w./-]+:\d+)\] ")
+# Python/absl glog: "W0726 10:59:50.786825 140538811684672 torch/distributed/.../api.py:858] "
+_GLOG_BARE = re.compile(
+    r"(?P<level>[EWIF])(?P<mo>\d{1,2})(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)\.(?P<frac>\d+)\s+"
+    r"\d+ (?P<src>[\w./-]+:\d+)\] ")
+# NCCL: "gpu004:2200689:2200706 [3] "
+_NCCL = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+
+
+@dataclass(frozen=True)
+class StampContext:
+    zone: tzinfo                   # for stamps without a zone
+    anchor: datetime               # UTC; picks the year for year-less stamps
+    boot: datetime | None = None   # the file host's boot instant, for dmesg uptime
+
+
+@dataclass
+class Head:
+    message: str
+    stamp: datetime | None = None
+    quality: str = "none"          # see schemas.events.StampQuality
+    host: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    dev: int | None = None
+    uptime: float | None = None
+
+
+def _hms(m: re.Match[str]) -> tuple[int, int, int]:
+    return int(m["hh"]), int(m["mm"]), int(m["ss"])
+
+
+def read_head(line: str, ctx: StampContext) -> Head:
+    """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
+    head = Head(message=line)
+    text = line
+    for _ in range(12):
+        m = None
+        stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
+        if (m := _SRUN_LABEL.match(stripped)) and head.rank is None and head.stamp is None:
+            head.rank = int(m["rank"])
+        elif m := _TORCHRUN.match(stripped):
+            head.local_rank = int(m["local"])
+        elif m := _RANK_TAG.match(stripped):
+            head.rank = int(m["rank"])
+        elif m := _RFC3164.match(stripped):
+            if head.stamp is None:
+                hh, mi, ss = _hms(m)
+                head.stamp = with_year(MONTHS[m["mon"]], int(m["day"]), hh, mi, ss,
+                                       micro_of(m["frac"]), ctx.zone, ctx.anchor)
+                head.quality = "no_year"
+            if m["pid"] and head.pid is None:
+                head.pid = int(m["pid"])
+        elif m := _ISO_HOST.match(stripped):
+            if head.stamp is None:
+                head.stamp = parse_iso(m["iso"], ctx.zone)
+                head.quality = "exact" if head.stamp else "none"
+            if m["pid"] and head.pid is None:
+                head.pid = int(m["pid"])
+        elif m := _DMESG_CTIME.match(stripped):
+            if head.stamp is None:
+                hh, mi, ss = _hms(m)
+                head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
+                head.quality = "exact"
+        elif m := _DMESG_UPTIME.match(stripped):
+            head.uptime = float(m["up"])
+            if head.stamp is None:
+                anchored = from_uptime(ctx.boot, head.uptime)
+                head.stamp, head.quality = (anchored, "uptime") if anchored else (None, "order_only")
+        elif m := _DMESG_DELTA.match(stripped):
+            if head.stamp is None:
+                head.quality = "order_only"
+        elif m := _FM.match(stripped):
+            if head.stamp is None:
+                hh, mi, ss = _hms(m)
+                head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{m['day']}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
+                head.quality = "exact"
+        elif m := _ISO_BRACKET.match(stripped):
+            if head.stamp is None:
+                head.stamp = parse_iso(m["iso"], ctx.zone)
+                head.quality = "exact" if head.stamp else "none"
+        elif m := _GLOG_BRACKET.match(stripped):
+            if head.stamp is None and m["mo"]:
+                hh, mi, ss = _hms(m)
+                head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
+                head.quality = "no_year" if head.stamp else "none"
+        elif m := _GLOG_BARE.match(stripped):
+            if head.stamp is None:
+                hh, mi, ss = _hms(m)
+                head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
+                head.quality = "no_year" if head.stamp else "none"
+        elif m := _NCCL.match(stripped):
+            head.host = m["host"]
+            head.pid = int(m["pid"])
+            head.dev = int(m["dev"])
+        elif m := _ISO_BARE.match(stripped):
+            if head.stamp is None:
+                head.stamp = parse_iso(m["iso"], ctx.zone)
+                head.quality = "exact" if head.stamp else "none"
+        else:
+            break
+        text = stripped[m.end():]
+    head.message = text.lstrip(" ") if text is not line else text
+    return head

@@ -1,0 +1,385 @@
+"""The built-in FINAL rules, in the order they run (highest priority first).
+
+Each reads and writes a :class:`firstfault.rules.final.FinalContext` and leaves a
+step in the evidence trail when it does something.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from datetime import timedelta
+
+from ..early import render
+from ..final import FinalContext, coverage, reachable, root_order, run_explains
+from ..model import Ev
+from . import final_rule
+
+_S = {"workload": {"workload_id": "ex", "state": "FAILED", "start_time": "2026-11-02T09:58:00Z",
+                   "end_time": "2026-11-02T10:21:14Z", "nodes": ["node-01", "node-02"], "gpus_per_node": 8}}
+_XID79 = "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+_WD = ("3: [rank3]:[E1102 10:13:12.044871 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: "
+       "WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600054 milliseconds before timing out.")
+
+
+def _scenario(files: dict[str, str], **workload) -> dict:
+    return {"workload": {**_S["workload"], **workload}, "files": files}
+
+
+@final_rule(
+    id="final.scope", priority=1000, title="Blame only the workload's hosts and time",
+    description="Root candidates from hosts outside the workload, or from before its start or after its "
+                "end (beyond a slack), are kept as context and never blamed.",
+    examples={"fires": [_scenario({"logs/syslog/node-09.log": _XID79.replace("node-02", "node-09")})],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79})]},
+)
+def scope(ctx: FinalContext) -> None:
+    wl = ctx.workload
+    slack = timedelta(seconds=float(ctx.settings["window_slack_s"]))
+    start, end = wl.start_time - slack, (wl.end_time + slack) if wl.end_time else None
+    nodes = set(wl.nodes)
+    out: list[Ev] = []
+    for ev in ctx.roots:
+        if ev.source == "scheduler" and ev.kind == "scheduler_end":
+            continue
+        outside_host = bool(nodes) and ev.host is not None and ev.host not in nodes
+        early = ev.stamp is not None and ev.stamp < start
+        late = ev.stamp is not None and end is not None and ev.stamp > end
+        if outside_host or early or late:
+            ctx.excluded.add(id(ev))
+            ev.fields["excluded"] = "host not in workload" if outside_host else "outside the workload's time"
+            out.append(ev)
+    if out:
+        ctx.step("final.scope", "exclude", out)
+
+
+@final_rule(
+    id="final.gpu_map", priority=950, title="Map PCI bus ids to GPU index and rank",
+    description="NCCL's 'Init COMPLETE' lines give rank, CUDA device and busId per host; kernel events on "
+                "that host and bus id get the GPU index and rank.",
+    examples={"fires": [_scenario({
+        "logs/app/node-02.log": "node-02:4711:4790 [3] NCCL INFO comm 0x9f2ef80 rank 11 nranks 16 cudaDev 3 nvmlDev 3 busId 1b000 commId 0x1 - Init COMPLETE",
+        "logs/syslog/node-02.log": _XID79})],
+        "quiet": [_scenario({"logs/syslog/node-02.log": _XID79})]},
+)
+def gpu_map(ctx: FinalContext) -> None:
+    table: dict[tuple[str, str], tuple[int | None, int | None]] = {}
+    for ev in ctx.events:
+        if ev.kind != "nccl_init" or not ev.host:
+            continue
+        bus = ev.fields.get("bus_id")
+        pci = _bus_to_pci(bus)
+        if pci:
+            dev = ev.fields.get("cuda_dev")
+            rank = ev.fields.get("rank")
+            table[(ev.host, pci)] = (dev if isinstance(dev, int) else None, rank if isinstance(rank, int) else None)
+    mapped = []
+    for ev in ctx.events:
+        if ev.pci and ev.host and (ev.host, ev.pci) in table:
+            dev, rank = table[(ev.host, ev.pci)]
+            if ev.gpu_index is None and dev is not None:
+                ev.gpu_index = dev
+            if ev.rank is None and rank is not None:
+                ev.rank = rank
+                ev.ranks.add(rank)
+            mapped.append(ev)
+    if mapped:
+        ctx.step("final.gpu_map", "enrich", mapped, mappings=len(table))
+
+
+def _bus_to_pci(bus) -> str | None:
+    """NCCL packs the PCI address as hex: domain >>20, bus [19:12], device [11:4], function [3:0]."""
+    if bus is None:
+        return None
+    try:
+        v = int(str(bus), 16)
+    except ValueError:
+        return None
+    return f"{v >> 20:04x}:{(v >> 12) & 0xff:02x}:{(v >> 4) & 0xff:02x}.{v & 0xf:x}"
+
+
+@final_rule(
+    id="final.clock", priority=900, title="Estimate host clock offsets and onsets",
+    description="Watchdog timeouts of one collective began at about the same instant on every rank "
+                "(stamp minus 'ran for'); the per-host difference from the median is that host's clock "
+                "offset. Onsets are corrected by it and the bound is recorded.",
+    examples={"fires": [_scenario({
+        "logs/app/node-01.log": _WD, "logs/app/node-02.log": _WD.replace("3: [rank3]", "11: [rank11]").replace("10:13:12", "10:13:16"),
+        "logs/app/node-03.log": _WD.replace("3: [rank3]", "19: [rank19]")}, nodes=["node-01", "node-02", "node-03"])],
+        "quiet": [_scenario({"logs/syslog/node-02.log": _XID79})]},
+)
+def clock(ctx: FinalContext) -> None:
+    groups: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for ev in ctx.events:
+        if ev.kind == "watchdog_timeout" and ev.onset is not None and ev.host:
+            key = (ev.fields.get("seq"), ev.fields.get("op"), ev.fields.get("timeout_ms"))
+            t = ev.onset.timestamp()
+            have = groups[key].get(ev.host)
+            groups[key][ev.host] = t if have is None else min(have, t)
+    residuals: dict[str, list[float]] = defaultdict(list)
+    for hosts in groups.values():
+        if len(hosts) < 3:
+            continue
+        mid = statistics.median(hosts.values())
+        for host, t in hosts.items():
+            residuals[host].append(t - mid)
+    offsets = {h: round(statistics.median(r), 3) for h, r in residuals.items()}
+    spread = [abs(x - offsets[h]) for h, r in residuals.items() for x in r]
+    if offsets:
+        # How well the offsets are known: the worst residual after correction, at least half a second.
+        ctx.clock_bound_s = round(max([0.5] + spread), 3)
+        ctx.offsets = {h: o for h, o in offsets.items() if abs(o) > ctx.clock_bound_s}
+    for ev in ctx.events:
+        base = ev.onset if ev.onset is not None else ev.stamp
+        ev.corrected_onset = None if base is None else base - timedelta(seconds=ctx.offsets.get(ev.host or "", 0.0))
+    if offsets:
+        ctx.step("final.clock", "estimate", [], offsets_s=dict(sorted(ctx.offsets.items())),
+                 hosts_measured=len(offsets), bound_s=ctx.clock_bound_s,
+                 unmeasured_tolerance_s=float(ctx.settings["clock_tolerance_s"]))
+
+
+@final_rule(
+    id="final.lone_recovery_action", priority=850, title="A lone Xid 154 is a GPU fault",
+    description="Xid 154 states the recovery action another Xid needs; when no other Xid on that GPU "
+                "explains it and it asks for a GPU reset or a node reboot, it is itself the evidence of a GPU fault.",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"})],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79 + "\nNov  2 10:03:12 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"})]},
+)
+def lone_recovery_action(ctx: FinalContext) -> None:
+    others = {(e.host, e.pci) for e in ctx.events if e.kind == "xid" and e.fields.get("xid") != 154}
+    promoted = []
+    for ev in ctx.events:
+        if ev.kind != "xid" or ev.fields.get("xid") != 154 or ev.role != "marker":
+            continue
+        action = ev.fields.get("recovery_action_code")
+        if (ev.host, ev.pci) in others or action in (None, 0):
+            continue
+        ev.role, ev.domain, ev.sub_domain, ev.strength = "root", "gpu", "gpu_hardware_fault", "strong"
+        ev.output = render("GPU {gpu} on {host} asks for recovery action {recovery_action} (Xid 154) with no other Xid", ev)
+        promoted.append(ev)
+    if promoted:
+        ctx.step("final.lone_recovery_action", "promote", promoted)
+
+
+@final_rule(
+    id="final.explains", priority=600, title="Draw the explains edges",
+    description="Runs the declarative explains rules (rules/catalog/final): each links a root candidate to the "
+                "symptoms and later roots it explains, by a named join; an explained root is demoted to a symptom.",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": _XID79, "logs/app/node-01.log": _WD})],
+              "quiet": [_scenario({"logs/app/node-01.log": _WD})]},
+)
+def explains(ctx: FinalContext) -> None:
+    run_explains(ctx)
+    if ctx.edges:
+        ctx.step("final.explains", "edges", [], edges=len(ctx.edges), demoted_roots=len(ctx.explained_by))
+
+
+@final_rule(
+    id="final.completed", priority=510, title="A completed workload has no failure",
+    description="The scheduler says the attempt completed: the diagnosis is no_failure whatever the logs "
+                "show; root candidates seen are listed in the trail, not blamed.",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": _XID79}, state="COMPLETED")],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79})]},
+)
+def completed(ctx: FinalContext) -> None:
+    if ctx.workload.terminal_state != "completed":
+        return
+    ctx.status = "no_failure"
+    seen = [e for e in ctx.events if e.role in ("root", "symptom")]
+    ctx.step("final.completed", "no_failure", seen, reason="the workload completed",
+             ignored_roots=len([e for e in seen if e.role == "root"]))
+
+
+@final_rule(
+    id="final.choose", priority=500, title="Choose the initiating event",
+    description="Among root candidates that no other root explains, those whose symptom coverage reaches "
+                "min_coverage and is within ambiguity_margin of the best fit. One sub_domain fits: attributed. "
+                "Several: ambiguous, each a candidate. None: unattributed. A completed workload: no_failure.",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": _XID79, "logs/app/node-01.log": _WD})],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79}, state="COMPLETED")]},
+)
+def choose(ctx: FinalContext) -> None:
+    if ctx.status is not None:
+        return
+    settings = ctx.settings
+    roots = sorted(ctx.independent_roots, key=root_order)
+    timed = [r for r in roots if r.corrected_onset is not None]
+    untimed = [r for r in roots if r.corrected_onset is None]
+    for r in roots:
+        ctx.coverage_of[id(r)] = coverage(ctx, [r])
+    best = max((ctx.coverage_of[id(r)] for r in timed), default=0.0)
+    fits = [r for r in timed if ctx.coverage_of[id(r)] >= float(settings["min_coverage"])
+            and ctx.coverage_of[id(r)] >= best - float(settings["ambiguity_margin"])]
+    if untimed:
+        ctx.suspects.update(r.host for r in untimed if r.host)
+        ctx.step("final.choose", "untimed", untimed,
+                 reason="root candidates without a usable time cannot be placed against the cascade")
+    if not fits:
+        ctx.status = "unattributed"
+        ctx.coverage = best
+        weak_hosts = {r.host for r in timed if r.host and ctx.coverage_of[id(r)] > 0}
+        ctx.suspects.update(weak_hosts)
+        ctx.step("final.choose", "unattributed", timed + untimed,
+                 reason="no root candidate" if not roots else "no root candidate explains enough of the symptoms",
+                 best_coverage=best, min_coverage=float(settings["min_coverage"]))
+        return
+    groups: dict[str, list[Ev]] = defaultdict(list)
+    for r in fits:
+        groups[r.sub_domain or "?"].append(r)
+    if len(groups) == 1:
+        ctx.status = "attributed"
+        ctx.chosen = sorted(fits, key=root_order)
+        ctx.coverage = coverage(ctx, ctx.chosen)
+        ctx.step("final.choose", "attribute", ctx.chosen, coverage=ctx.coverage,
+                 considered=len(roots), fitting=len(fits))
+        return
+    ctx.status = "ambiguous"
+    for sub, members in sorted(groups.items(), key=lambda kv: root_order(sorted(kv[1], key=root_order)[0])):
+        members = sorted(members, key=root_order)
+        cov = max(ctx.coverage_of[id(m)] for m in members)
+        ctx.candidates.append({"members": members, "sub_domain": sub, "domain": members[0].domain, "coverage": cov})
+    ctx.coverage = max(c["coverage"] for c in ctx.candidates)
+    ctx.step("final.choose", "ambiguous", fits, candidates=[c["sub_domain"] for c in ctx.candidates],
+             coverages=[c["coverage"] for c in ctx.candidates])
+
+
+@final_rule(
+    id="final.straggler", priority=400, title="Point at the rank everyone waited for",
+    description="When watchdog status lines show a minority of ranks that never enqueued the collective the "
+                "others timed out on (last enqueued below that sequence number), their hosts are suspects.",
+    examples={"fires": [_scenario({
+        "logs/app/node-01.log": "3: [rank3]:[E1102 10:13:12.511299168 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 3]  failure detected by watchdog at work sequence id: 812 PG status: last enqueued work: 812, last completed work: 811\n"
+                                "4: [rank4]:[E1102 10:13:12.511299168 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 4]  failure detected by watchdog at work sequence id: 812 PG status: last enqueued work: 812, last completed work: 811",
+        "logs/app/node-02.log": "11: [rank11]:[E1102 10:13:12.511299168 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 11]  failure detected by watchdog at work sequence id: 811 PG status: last enqueued work: 811, last completed work: 811"})],
+        "quiet": [_scenario({"logs/app/node-01.log": _WD})]},
+)
+def straggler(ctx: FinalContext) -> None:
+    if ctx.status in ("no_failure", "attributed"):
+        return
+    reports = [e for e in ctx.events if e.kind in _SEQ_KINDS]
+    timed_out = [e for e in reports if isinstance(e.fields.get("seq"), int)]
+    if not timed_out:
+        return
+
+    def stuck_at(evs: list[Ev]) -> int:
+        weight: Counter = Counter()
+        for ev in evs:
+            weight[ev.fields["seq"]] += max(len(ev.ranks), 1)
+        return max(weight.items(), key=lambda kv: (kv[1], kv[0]))[0]
+
+    overall = stuck_at(timed_out)
+    groups: dict[str, list[Ev]] = defaultdict(list)
+    for ev in reports:
+        groups[str(ev.fields.get("pg"))].append(ev)
+    found: list[Ev] = []
+    for _pg, evs in sorted(groups.items()):
+        with_seq = [e for e in evs if isinstance(e.fields.get("seq"), int)]
+        target = stuck_at(with_seq) if with_seq else overall
+        behind = [e for e in evs
+                  if (isinstance(e.fields.get("last_enqueued"), int) and e.fields["last_enqueued"] < target)
+                  or (isinstance(e.fields.get("seq"), int) and e.fields["seq"] < target)]
+        behind_ranks = set().union(*(e.ranks for e in behind)) if behind else set()
+        all_ranks = set().union(*(e.ranks for e in reports))
+        # A minority that never enqueued what everyone else waits on: the one they waited for.
+        if behind and len(behind_ranks) * 2 < max(len(all_ranks), 1):
+            found.extend(behind)
+    hosts = sorted({ev.host for ev in found if ev.host})
+    if hosts:
+        ctx.suspects.update(hosts)
+        ctx.step("final.straggler", "suspect", found, hosts=hosts, stuck_at=overall)
+
+
+_SEQ_KINDS = ("watchdog_status", "watchdog_timeout", "dump_signal")
+
+
+@final_rule(
+    id="final.missing", priority=300, title="Say what evidence is missing",
+    description="Job hosts with no syslog, ranks with no log line, hosts whose dmesg stamps could not be "
+                "placed in time (no boot time), hosts without metrics when metrics were collected.",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": _XID79})],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79, "logs/syslog/node-01.log": _XID79.replace("node-02", "node-01"),
+                                   "logs/app/node-01.log": _WD, "logs/app/node-02.log": _WD.replace("3: [rank3]", "11: [rank11]")},
+                                  gpus_per_node=1)]},
+)
+def missing(ctx: FinalContext) -> None:
+    info = ctx.settings.get("_inventory", {})
+    wl = ctx.workload
+    out: list[dict] = []
+    syslog_hosts = set(info.get("syslog_hosts", ()))
+    no_syslog = sorted(h for h in wl.nodes if h not in syslog_hosts)
+    if no_syslog:
+        out.append({"kind": "syslog", "detail": "job hosts with no kernel/syslog log", "hosts": no_syslog, "ranks": []})
+    if wl.gpus_per_node and wl.nodes:
+        expected = set(range(len(wl.nodes) * wl.gpus_per_node))
+        seen = set(info.get("app_ranks", ()))
+        app_hosts = set(info.get("app_hosts", ()))
+        for ev in ctx.events:
+            if ev.source == "app":
+                seen |= ev.ranks
+        seen |= {r for r in expected if wl.host_of_rank(r) in app_hosts}
+        lacking = sorted(expected - seen)
+        if lacking:
+            hosts = sorted({h for r in lacking if (h := wl.host_of_rank(r))})
+            out.append({"kind": "app_log", "detail": "ranks with no application log line", "hosts": hosts, "ranks": lacking})
+    untimed = sorted({e.host for e in ctx.events if e.quality == "order_only" and e.host and e.role == "root"})
+    if untimed:
+        out.append({"kind": "boot_time", "detail": "dmesg uptime stamps could not be placed in time: add boot_times",
+                    "hosts": untimed, "ranks": []})
+    metric_hosts = info.get("metric_hosts")
+    if metric_hosts is not None and info.get("has_metrics"):
+        gap = sorted(h for h in wl.nodes if h not in metric_hosts)
+        if gap:
+            out.append({"kind": "metrics", "detail": "job hosts with no metric samples", "hosts": gap, "ranks": []})
+    if ctx.status == "unattributed":
+        # What would help most next: the suspects' logs first.
+        out.sort(key=lambda m: (not (set(m["hosts"]) & ctx.suspects), m["kind"]))
+    ctx.missing = out
+    if out:
+        ctx.step("final.missing", "list", [], kinds=[m["kind"] for m in out])
+
+
+@final_rule(
+    id="final.recovery", priority=200, title="Propose a recovery action",
+    description="From the taxonomy's recovery table for an attributed sub_domain, with the responsible nodes; "
+                "a root that is only weak evidence never drains a node; ambiguous and unattributed only notify.",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": _XID79, "logs/app/node-01.log": _WD})],
+              "quiet": [_scenario({"logs/app/node-01.log": _WD}, state="COMPLETED")]},
+)
+def recovery(ctx: FinalContext) -> None:
+    if ctx.status == "no_failure":
+        ctx.recovery = {"action": "none", "nodes": []}
+        return
+    if ctx.status != "attributed":
+        ctx.recovery = {"action": "notify_owner", "nodes": []}
+        ctx.step("final.recovery", "notify_owner", [], reason=f"{ctx.status}: no automated action")
+        return
+    root = ctx.chosen[0]
+    entry = ctx.catalog.taxonomy.get(root.domain or "", {}).get(root.sub_domain or "", {})
+    action = entry.get("recovery", "notify_owner")
+    nodes = responsible(ctx)
+    if action == "drain_nodes" and all(r.strength == "weak" for r in ctx.chosen):
+        action = "retry_excluding_nodes"
+    if action in ("drain_nodes", "retry_excluding_nodes") and not nodes:
+        action = "retry"
+    ctx.recovery = {"action": action, "nodes": nodes if action in ("drain_nodes", "retry_excluding_nodes") else []}
+    ctx.step("final.recovery", action, [root], nodes=ctx.recovery["nodes"])
+
+
+def responsible(ctx: FinalContext) -> list[str]:
+    if ctx.status != "attributed" or not ctx.chosen:
+        return []
+    if ctx.chosen[0].domain == "scheduler":
+        return []
+    return sorted({r.host for r in ctx.chosen if r.host})
+
+
+@final_rule(
+    id="final.unparsed", priority=100, title="Keep unreadable lines as evidence",
+    description="Lines that looked relevant (a prefilter anchor hit) but were damaged (invalid UTF-8, over-long) "
+                "and matched no pattern are listed so an operator can read them.",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): \udcff"})],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79})]},
+)
+def unparsed(ctx: FinalContext) -> None:
+    damaged = [e for e in ctx.events if e.kind == "unparsed"]
+    if damaged:
+        ctx.step("final.unparsed", "keep", damaged, lines=sum(e.count for e in damaged))

@@ -1,0 +1,72 @@
+"""Timestamp shapes found in one bundle, parsed to UTC.
+
+Pure functions. Stamps that carry no year (RFC 3164 syslog, glog ``E1102``) take
+the year that puts them closest to the workload's start; stamps with no zone are
+read in the workload's time zone.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone, tzinfo
+
+MONTHS = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
+
+
+def with_year(month: int, day: int, hh: int, mm: int, ss: int, micro: int,
+              zone: tzinfo, anchor: datetime) -> datetime | None:
+    """Build a UTC datetime for a year-less stamp, choosing the year nearest ``anchor``."""
+    best: datetime | None = None
+    for year in (anchor.year - 1, anchor.year, anchor.year + 1):
+        try:
+            local = datetime(year, month, day, hh, mm, ss, micro, tzinfo=zone)
+        except ValueError:          # Feb 29 in a non-leap year
+            continue
+        utc = local.astimezone(timezone.utc)
+        if best is None or abs(utc - anchor) < abs(best - anchor):
+            best = utc
+    return best
+
+
+def micro_of(frac: str | None) -> int:
+    """'044871' or '510486595' or '123' -> microseconds."""
+    if not frac:
+        return 0
+    return int((frac + "000000")[:6])
+
+
+def parse_iso(text: str, zone: tzinfo) -> datetime | None:
+    """ISO-8601 with optional fraction (``.`` or ``,``), optional ``T`` and optional zone."""
+    t = text.strip().replace(",", ".").replace("_", "T")
+    if t.endswith("Z"):
+        t = t[:-1] + "+00:00"
+    if len(t) > 10 and t[10] == " ":
+        t = t[:10] + "T" + t[11:]
+    # Python's fromisoformat takes at most 6 fraction digits.
+    head, dot, rest = t.partition(".")
+    if dot:
+        digits = ""
+        i = 0
+        while i < len(rest) and rest[i].isdigit():
+            digits += rest[i]
+            i += 1
+        t = head + "." + (digits + "000000")[:6] + rest[i:]
+    try:
+        value = datetime.fromisoformat(t)
+    except ValueError:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=zone)
+    return value.astimezone(timezone.utc)
+
+
+def from_uptime(boot: datetime | None, seconds: float) -> datetime | None:
+    if boot is None:
+        return None
+    return boot + timedelta(seconds=seconds)
+
+
+def iso_z(value: datetime | None) -> str | None:
+    """The one stamp format in every output: UTC, microseconds, ``Z``."""
+    if value is None:
+        return None
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

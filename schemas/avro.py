@@ -1,0 +1,206 @@
+"""Avro for the records that travel on Kafka, derived from the pydantic models.
+
+``avro_schema(Model)`` builds the schema from the model; the committed
+``avro/*.avsc`` files are that output (``python -m firstfault.schemas.avro``
+rewrites them, and a test fails when they drift). Messages use Avro single-object
+encoding: ``C3 01``, the 8-byte little-endian CRC-64-AVRO fingerprint of the
+writer's schema, then the body, so every message names its schema.
+"""
+from __future__ import annotations
+
+import io
+import json
+import struct
+import types
+import typing
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import fastavro
+from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+from pydantic import BaseModel
+
+from .diagnosis import Diagnosis
+from .events import Event, EventBatch
+from .records import RawLine, SchedulerEvent
+
+NAMESPACE = "io.firstfault"
+AVRO_DIR = Path(__file__).resolve().parent / "avro"
+MAGIC = b"\xc3\x01"
+JSON_MARK = "firstfault.json"        # a field whose value travels as a JSON string
+TOPIC_MODELS: dict[str, type[BaseModel]] = {
+    "RawLine": RawLine, "SchedulerEvent": SchedulerEvent, "Event": Event, "EventBatch": EventBatch,
+    "Diagnosis": Diagnosis,
+}
+_SCALARS = {str: "string", int: "long", float: "double", bool: "boolean", bytes: "bytes"}
+
+
+def _is_any(tp: Any) -> bool:
+    return tp is Any or tp is object
+
+
+def _type(tp: Any, seen: set[str], model: str, field: str) -> Any:
+    origin = get_origin(tp)
+    if origin is typing.Annotated:
+        return _type(get_args(tp)[0], seen, model, field)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp)]
+        has_none = type(None) in args
+        rest = [a for a in args if a is not type(None)]
+        branches: list[Any] = []
+        for a in rest:
+            t = _type(a, seen, model, field)
+            for b in (t if isinstance(t, list) else [t]):
+                if b not in branches:
+                    branches.append(b)
+        return (["null"] if has_none else []) + branches if (has_none or len(branches) > 1) else branches[0]
+    if origin is Literal:
+        return "string"
+    if origin in (list, tuple, set, frozenset):
+        return {"type": "array", "items": _type(get_args(tp)[0], seen, model, field)}
+    if origin is dict:
+        key, val = get_args(tp)
+        if _is_any(val):
+            return {"type": "string", JSON_MARK: True}
+        return {"type": "map", "values": _type(val, seen, model, field)}
+    if _is_any(tp):
+        return {"type": "string", JSON_MARK: True}
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    if tp is datetime:
+        return {"type": "long", "logicalType": "timestamp-micros"}
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return _record(tp, seen)
+    raise TypeError(f"{model}.{field}: no Avro mapping for {tp!r}")
+
+
+def _record(model: type[BaseModel], seen: set[str]) -> Any:
+    name = model.__name__
+    if name in seen:
+        return f"{NAMESPACE}.{name}"
+    seen.add(name)
+    fields = []
+    for fname, info in model.model_fields.items():
+        t = _type(info.annotation, seen, name, fname)
+        entry: dict[str, Any] = {"name": fname, "type": t}
+        if info.description:
+            entry["doc"] = info.description
+        if isinstance(t, list) and t and t[0] == "null":
+            entry["default"] = None
+        fields.append(entry)
+    if model.model_config.get("extra") == "allow":
+        fields.append({"name": "extra", "type": {"type": "string", JSON_MARK: True},
+                       "doc": "unknown keys, kept as JSON", "default": "{}"})
+    return {"type": "record", "name": name, "namespace": NAMESPACE,
+            "doc": (model.__doc__ or "").strip().split("\n")[0], "fields": fields}
+
+
+def avro_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return _record(model, set())
+
+
+@lru_cache(maxsize=None)
+def _parsed(name: str) -> tuple[Any, bytes]:
+    schema = json.loads((AVRO_DIR / f"{name}.avsc").read_text())
+    parsed = parse_schema(schema, _write_hint=False)
+    # The Rabin fingerprint of the Parsing Canonical Form, written little-endian (Avro spec).
+    fp = int(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"), 16).to_bytes(8, "little")
+    return parsed, fp
+
+
+@lru_cache(maxsize=None)
+def _by_fingerprint() -> dict[bytes, str]:
+    return {_parsed(n)[1]: n for n in TOPIC_MODELS}
+
+
+def _to_avro(value: Any, schema: Any) -> Any:
+    """Model dump -> Avro datum: JSON-marked fields become strings, extras fold in."""
+    if isinstance(schema, dict) and schema.get(JSON_MARK):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
+
+
+def _walk(datum: Any, schema: Any, encode: bool, names: dict[str, Any]) -> Any:
+    if isinstance(schema, str):
+        schema = names.get(schema, schema)
+    if isinstance(schema, list):
+        if datum is None:
+            return None
+        for branch in schema:
+            b = names.get(branch, branch) if isinstance(branch, str) else branch
+            if isinstance(b, dict) and b.get("type") == "record" and isinstance(datum, dict):
+                return _walk(datum, b, encode, names)
+            if isinstance(b, dict) and b.get("type") == "array" and isinstance(datum, list):
+                return _walk(datum, b, encode, names)
+            if isinstance(b, dict) and b.get("type") == "map" and isinstance(datum, dict):
+                return _walk(datum, b, encode, names)
+        return datum
+    if not isinstance(schema, dict):
+        return datum
+    if schema.get(JSON_MARK):
+        return json.dumps(datum, sort_keys=True, default=str) if encode else json.loads(datum)
+    kind = schema.get("type")
+    if kind == "record":
+        names.setdefault(f"{NAMESPACE}.{schema['name']}", schema)
+        out = {}
+        src = dict(datum)
+        for f in schema["fields"]:
+            if f["name"] == "extra" and f["type"].get(JSON_MARK) if isinstance(f["type"], dict) else False:
+                if encode:
+                    known = {g["name"] for g in schema["fields"]}
+                    out["extra"] = json.dumps({k: v for k, v in src.items() if k not in known}, sort_keys=True, default=str)
+                else:
+                    out.update(json.loads(src.get("extra") or "{}"))
+                continue
+            out[f["name"]] = _walk(src.get(f["name"]), f["type"], encode, names)
+        return out
+    if kind == "array":
+        return [_walk(x, schema["items"], encode, names) for x in datum or []]
+    if kind == "map":
+        return {str(k): _walk(v, schema["values"], encode, names) for k, v in (datum or {}).items()}
+    return datum
+
+
+def encode(obj: BaseModel) -> bytes:
+    """Single-object encoding of a model instance."""
+    name = type(obj).__name__
+    parsed, fp = _parsed(name)
+    raw_schema = json.loads((AVRO_DIR / f"{name}.avsc").read_text())
+    datum = _walk(obj.model_dump(mode="python"), raw_schema, True, {})
+    buf = io.BytesIO()
+    buf.write(MAGIC + fp)
+    fastavro.schemaless_writer(buf, parsed, datum)
+    return buf.getvalue()
+
+
+def decode(data: bytes) -> BaseModel:
+    """Decode a single-object-encoded message into its model; ValueError says why not."""
+    if len(data) < 10 or data[:2] != MAGIC:
+        raise ValueError("not Avro single-object encoding (missing C3 01 marker)")
+    name = _by_fingerprint().get(data[2:10])
+    if name is None:
+        raise ValueError(f"unknown schema fingerprint {data[2:10][::-1].hex()}")
+    parsed, _ = _parsed(name)
+    raw_schema = json.loads((AVRO_DIR / f"{name}.avsc").read_text())
+    try:
+        datum = fastavro.schemaless_reader(io.BytesIO(data[10:]), parsed, None)
+    except Exception as exc:  # fastavro raises several types on truncated or corrupt bodies
+        raise ValueError(f"corrupt {name} body: {exc}") from None
+    return TOPIC_MODELS[name].model_validate(_walk(datum, raw_schema, False, {}))
+
+
+def write_schemas(directory: Path = AVRO_DIR) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, model in TOPIC_MODELS.items():
+        path = directory / f"{name}.avsc"
+        path.write_text(json.dumps(avro_schema(model), indent=2, sort_keys=True) + "\n")
+        out.append(path)
+    return out
+
+
+if __name__ == "__main__":
+    for p in write_schemas():
+        print(p)

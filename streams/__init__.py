@@ -1,0 +1,1 @@
+"""firstfault streams."""

@@ -1,0 +1,345 @@
+"""The extractor stream: raw lines -> aggregated structured events keyed by workload.
+
+A confluent-kafka batch consumer (``consume(num_messages=...)``) reads the raw
+topic; every batch is scanned once by the catalog's multi-pattern prefilter and
+only candidate lines are read, with the same ``Extractor`` the offline path uses.
+Node-scoped lines (kernel, driver, Fabric Manager, NIC) are fanned out to every
+workload attempt that held the node at the line's time, from an allocation
+timeline built from the whole scheduler topic (every extractor reads all of it).
+Lines that arrive before their workload's start wait (bounded in time and count).
+Events are merged per workload within the batch and produced as one ``EventBatch``
+per workload; offsets are committed after the batch is delivered (at least once).
+
+    python -m firstfault.streams.extractor        # configured by FIRSTFAULT_* variables
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import signal
+import sys
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from confluent_kafka import TopicPartition
+
+from firstfault.rules.catalog import Catalog, load_catalog
+from firstfault.rules.errors import RecordError
+from firstfault.rules.extract import ExtractStats, Extractor, source_of
+from firstfault.rules.model import EventSet
+from firstfault.rules.prefixes import StampContext, read_head
+from firstfault.schemas import DeadLetter, EventBatch, RawLine
+from firstfault.schemas.avro import encode
+
+from . import kafka
+from .codecs import decode_raw, decode_scheduler
+from .config import StreamConfig
+from .timeline import Allocation, AllocationTimeline
+
+log = logging.getLogger("firstfault.extractor")
+NODE_SCOPED = ("syslog", "fabricmanager")
+LOOKBACK = 64
+
+
+@dataclass
+class Held:
+    rec: RawLine
+    ts_ms: int
+    since: float
+
+
+@dataclass
+class Counters:
+    records: int = 0
+    candidates: int = 0
+    events: int = 0
+    batches_out: int = 0
+    deadletters: int = 0
+    held: int = 0
+    unrouted_lines: int = 0
+    node_history: int = 0
+    by_host: dict[str, int] = field(default_factory=dict)
+
+
+class LineMemory:
+    """The last few lines of each file, for stamp inheritance (bounded LRU of paths)."""
+
+    def __init__(self, paths: int = 4096, depth: int = LOOKBACK) -> None:
+        self.paths, self.depth = paths, depth
+        self._mem: OrderedDict[str, deque[tuple[int, str]]] = OrderedDict()
+
+    def above(self, path: str, line: int) -> Iterable[str]:
+        buf = self._mem.get(path)
+        if not buf:
+            return ()
+        return [t for n, t in reversed(buf) if n < line][: self.depth]
+
+    def add(self, path: str, line: int, text: str) -> None:
+        buf = self._mem.get(path)
+        if buf is None:
+            buf = self._mem[path] = deque(maxlen=self.depth)
+            if len(self._mem) > self.paths:
+                self._mem.popitem(last=False)
+        else:
+            self._mem.move_to_end(path)
+        buf.append((line, text))
+
+
+class ExtractorCore:
+    """Everything but the Kafka I/O: routing, extraction, aggregation. Testable on its own."""
+
+    def __init__(self, cfg: StreamConfig, catalog: Catalog | None = None) -> None:
+        self.cfg = cfg
+        self.catalog = catalog or load_catalog(cfg.rules)
+        self.timeline = AllocationTimeline()
+        self._extractors: dict[tuple[str, int], Extractor] = {}
+        self.memory = LineMemory()
+        self.held: deque[Held] = deque()
+        self.counters = Counters()
+        self._sent_paths: set[tuple[str, int, str]] = set()
+        self._unrouted_paths: dict[str, Held] = {}     # files seen before their workload was known
+        probe = Extractor(self.catalog, _placeholder())
+        self.prefilter = probe.prefilter
+        self._generic = probe
+
+    # ------------------------------------------------------------ routing
+    def extractor_for(self, alloc: Allocation) -> Extractor:
+        key = (alloc.workload.workload_id, alloc.workload.attempt)
+        ex = self._extractors.get(key)
+        if ex is None or ex.workload is not alloc.workload:
+            ex = self._extractors[key] = Extractor(self.catalog, alloc.workload)
+        return ex
+
+    def _when(self, rec: RawLine, ts_ms: int) -> datetime | None:
+        anchor = datetime.fromtimestamp(ts_ms / 1000, timezone.utc) if ts_ms > 0 else datetime.now(timezone.utc)
+        head = read_head(rec.text, StampContext(zone=timezone.utc, anchor=anchor))
+        return head.stamp or anchor
+
+    def route(self, rec: RawLine, ts_ms: int) -> list[Allocation] | None:
+        """Workload attempts this line belongs to; None = not known yet (hold it)."""
+        if rec.workload_id:
+            alloc = self.timeline.get(rec.workload_id)
+            return [alloc] if alloc else None
+        source = rec.source or source_of(rec.path) or "app"
+        host = rec.host or (self._generic.hosts.file_host(rec.path, source) if source in NODE_SCOPED else None)
+        if host is None:
+            from pathlib import PurePosixPath
+
+            host = PurePosixPath(rec.path).stem
+        found = self.timeline.at(host, self._when(rec, ts_ms))
+        return found or None
+
+    # ------------------------------------------------------------ a batch
+    def handle(self, records: list[tuple[RawLine, int]], now: float | None = None) -> dict[tuple[str, int], EventBatch]:
+        """Extract a batch; returns one EventBatch per workload attempt (events merged)."""
+        now = time.monotonic() if now is None else now
+        out: dict[tuple[str, int], EventSet] = {}
+        paths: dict[tuple[str, int], set[str]] = {}
+        stats = ExtractStats()
+        encoded = [r.text.encode("utf-8", "surrogateescape") for r, _ in records]
+        offsets, pos = [], 0
+        for raw in encoded:
+            offsets.append(pos)
+            pos += len(raw) + 1
+        hits = self.prefilter.scan(b"\n".join(encoded)) if records else {}
+        routed_paths: dict[str, list[Allocation] | None] = {}
+        for i, (rec, ts_ms) in enumerate(records):
+            self.counters.records += 1
+            host_key = rec.host or "?"
+            self.counters.by_host[host_key] = self.counters.by_host.get(host_key, 0) + 1
+            if rec.path not in routed_paths:
+                routed_paths[rec.path] = self.route(rec, ts_ms)
+                for a in routed_paths[rec.path] or ():
+                    paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(rec.path)
+                if routed_paths[rec.path] is None and rec.path not in self._unrouted_paths:
+                    self._unrouted_paths[rec.path] = Held(rec, ts_ms, now)
+            anchor_hits = hits.get(offsets[i])
+            if anchor_hits:
+                self.counters.candidates += 1
+                allocs = self.route(rec, ts_ms)
+                if allocs is None:
+                    self._hold(rec, ts_ms, now)
+                else:
+                    self._extract(rec, anchor_hits, allocs, out, stats)
+            self.memory.add(rec.path, rec.line, rec.text)
+        return self._batches(out, paths)
+
+    def _extract(self, rec: RawLine, anchor_ids, allocs: list[Allocation], out, stats: ExtractStats) -> None:
+        raw = rec.text.encode("utf-8", "surrogateescape")
+        source = rec.source or source_of(rec.path) or "app"
+        for alloc in allocs:
+            ex = self.extractor_for(alloc)
+            file_host = ex.hosts.file_host(rec.path, source)
+            ctx = ex.context(file_host)
+            ev = ex.read_line(rec.path, source, file_host, ctx, rec.line, raw, anchor_ids,
+                              lambda r=rec: self.memory.above(r.path, r.line), stats)
+            if ev is not None:
+                key = (alloc.workload.workload_id, alloc.workload.attempt)
+                out.setdefault(key, EventSet()).add(ev)
+                self.counters.events += 1
+
+    def _hold(self, rec: RawLine, ts_ms: int, now: float) -> None:
+        self.held.append(Held(rec, ts_ms, now))
+        self.counters.held += 1
+        while len(self.held) > self.cfg.hold_max:
+            self._give_up(self.held.popleft())
+
+    def _give_up(self, h: Held) -> None:
+        self.counters.unrouted_lines += 1
+        self.counters.node_history += 1
+
+    def retry_held(self, now: float | None = None) -> tuple[dict[tuple[str, int], EventBatch], list[Held]]:
+        """Route held lines again (after new scheduler events); expire old ones to node history."""
+        now = time.monotonic() if now is None else now
+        out: dict[tuple[str, int], EventSet] = {}
+        paths: dict[tuple[str, int], set[str]] = {}
+        expired: list[Held] = []
+        keep: deque[Held] = deque()
+        stats = ExtractStats()
+        while self.held:
+            h = self.held.popleft()
+            allocs = self.route(h.rec, h.ts_ms)
+            if allocs:
+                hits = self.prefilter.scan(h.rec.text.encode("utf-8", "surrogateescape"))
+                if hits:
+                    self._extract(h.rec, hits[0], allocs, out, stats)
+                for a in allocs:
+                    paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
+            elif now - h.since > self.cfg.hold_s:
+                expired.append(h)
+                self._give_up(h)
+            else:
+                keep.append(h)
+        self.held = keep
+        for path, h in list(self._unrouted_paths.items()):
+            allocs = self.route(h.rec, h.ts_ms)
+            if allocs:
+                for a in allocs:
+                    paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(path)
+                del self._unrouted_paths[path]
+            elif now - h.since > self.cfg.hold_s:
+                del self._unrouted_paths[path]
+        return self._batches(out, paths), expired
+
+    def _batches(self, out: dict, paths: dict) -> dict[tuple[str, int], EventBatch]:
+        batches: dict[tuple[str, int], EventBatch] = {}
+        for key in sorted(set(out) | set(paths)):
+            new_paths = sorted(p for p in paths.get(key, ()) if (key[0], key[1], p) not in self._sent_paths)
+            events = [e.to_schema() for e in out[key].sorted()] if key in out else []
+            if not events and not new_paths:
+                continue
+            self._sent_paths.update((key[0], key[1], p) for p in new_paths)
+            batches[key] = EventBatch(workload_id=key[0], attempt=key[1], events=events, paths=new_paths)
+        return batches
+
+
+def _placeholder():
+    from firstfault.schemas import WorkloadRecord
+
+    return WorkloadRecord.model_validate({"workload_id": "-", "state": "RUNNING", "start_time": "2000-01-01T00:00:00Z"})
+
+
+class ExtractorWorker:
+    """The Kafka side: batch consume, extract, produce, commit. One process, one loop."""
+
+    def __init__(self, cfg: StreamConfig, catalog: Catalog | None = None) -> None:
+        self.cfg = cfg
+        self.core = ExtractorCore(cfg, catalog)
+        self.producer = kafka.producer(cfg)
+        self.consumer = kafka.consumer(cfg, group=cfg.extractor_group)
+        self.consumer.subscribe([cfg.topic("raw")])
+        # The whole scheduler topic, every partition, from the beginning: no group.
+        self.sched = kafka.consumer(cfg, group=f"{cfg.extractor_group}-timeline-{uuid.uuid4().hex[:8]}")
+        meta = self.sched.list_topics(cfg.topic("scheduler"), timeout=10).topics.get(cfg.topic("scheduler"))
+        parts = sorted(meta.partitions) if meta and meta.partitions else list(range(cfg.partitions))
+        self.sched.assign([TopicPartition(cfg.topic("scheduler"), p, 0) for p in parts])
+        self._stop = False
+
+    def stop(self, *_: object) -> None:
+        self._stop = True
+
+    def dead_letter(self, msg, reason: str, stage: str = "extractor") -> None:
+        dl = DeadLetter(reason=reason, stage=stage, topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+                        key_b64=base64.b64encode(msg.key()).decode() if msg.key() else None,
+                        value_b64=base64.b64encode(msg.value()).decode() if msg.value() is not None else None,
+                        timestamp_ms=msg.timestamp()[1] if msg.timestamp() else None)
+        self.producer.produce(self.cfg.topic("deadletter"), key=msg.key(), value=dl.model_dump_json().encode())
+        self.core.counters.deadletters += 1
+
+    def poll_timeline(self) -> int:
+        n = 0
+        while True:
+            msgs = self.sched.consume(num_messages=1000, timeout=0.0)
+            if not msgs:
+                return n
+            for m in msgs:
+                if m.error():
+                    continue
+                try:
+                    self.core.timeline.apply(decode_scheduler(m.value()))
+                    n += 1
+                except RecordError:
+                    pass      # the correlator dead-letters scheduler records; one report is enough
+
+    def publish(self, batches: dict[tuple[str, int], EventBatch]) -> None:
+        for (wid, _), batch in batches.items():
+            self.producer.produce(self.cfg.topic("events"), key=wid.encode(), value=encode(batch))
+            self.core.counters.batches_out += 1
+
+    def step(self, timeout: float = 0.5) -> int:
+        if self.poll_timeline():
+            batches, _expired = self.core.retry_held()
+            self.publish(batches)
+        msgs = self.consumer.consume(num_messages=self.cfg.batch, timeout=timeout)
+        records: list[tuple[RawLine, int]] = []
+        for m in msgs:
+            if m.error():
+                log.warning("consumer error: %s", m.error())
+                continue
+            try:
+                records.append((decode_raw(m.value(), m.key(), m.headers()), m.timestamp()[1]))
+            except RecordError as exc:
+                self.dead_letter(m, str(exc))
+            except Exception as exc:  # a record must never stop the worker
+                self.dead_letter(m, f"{type(exc).__name__}: {exc}")
+        if records:
+            self.publish(self.core.handle(records))
+        if self.core.held or self.core._unrouted_paths:
+            batches, _expired = self.core.retry_held()
+            self.publish(batches)
+        if msgs:
+            # At least once: everything produced for this batch is delivered before its offsets commit.
+            self.producer.flush(30)
+            self.consumer.commit(asynchronous=False)
+        return len(msgs)
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        while not self._stop:
+            self.step()
+        self.close()
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self.consumer.close()
+        self.sched.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s extractor %(levelname)s %(message)s")
+    cfg = StreamConfig.from_env()
+    if not cfg.bootstrap:
+        print("extractor: FIRSTFAULT_KAFKA_BOOTSTRAP is not set", file=sys.stderr)
+        return 2
+    kafka.ensure_topics(cfg)
+    ExtractorWorker(cfg).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""Shared fixtures. Paths and small helpers only; no fakes of the broker or Redis."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "samples"
+
+
+def sample_dirs() -> list[Path]:
+    return sorted(p for p in SAMPLES.iterdir() if (p / "workload.json").is_file())
+
+
+@pytest.fixture
+def make_bundle(tmp_path):
+    """Write a bundle directory from a workload dict and {path: text|bytes}."""
+
+    def make(workload: dict, files: dict[str, str | bytes], name: str = "bundle") -> Path:
+        root = tmp_path / name
+        root.mkdir()
+        (root / "workload.json").write_text(json.dumps(workload))
+        for rel, content in files.items():
+            p = root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return root
+
+    return make
+
+
+BASE_WORKLOAD = {
+    "workload_id": "slurm-100", "attempt": 0, "scheduler": "slurm", "state": "FAILED", "exit_code": "1:0",
+    "start_time": "2026-11-02T09:58:00Z", "end_time": "2026-11-02T10:21:14Z",
+    "nodes": ["node-01", "node-02", "node-03", "node-04"], "gpus_per_node": 8,
+}

@@ -1,0 +1,69 @@
+"""Prefix stripping and time stamps, on lines as the real software writes them."""
+from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from firstfault.rules.prefixes import StampContext, read_head
+from firstfault.rules.stamps import iso_z
+
+CTX = StampContext(zone=timezone.utc, anchor=datetime(2026, 11, 2, 10, tzinfo=timezone.utc))
+
+
+@pytest.mark.parametrize("line, message, stamp, rank, host", [
+    # RFC 3164 with a dmesg uptime inside (NVIDIA/gpu-operator#1146 shape): year from the workload
+    ("Nov  2 11:38:47 worker4 kernel: [  219.470994] NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>'",
+     "NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>'", "2026-11-02T11:38:47.000000Z", None, None),
+    # dmesg -T (leptonai/gpud testdata)
+    ("[Sun Feb 23 16:24:18 2025] NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi",
+     "NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi", "2025-02-23T16:24:18.000000Z", None, None),
+    # dmesg --time-format iso (equinor/ert#7797)
+    ("2024-04-29T14:55:41,679700+02:00 Out of memory: Killed process 1440763 (perl)",
+     "Out of memory: Killed process 1440763 (perl)", "2024-04-29T12:55:41.679700Z", None, None),
+    # torchrun tee + PyTorch rank tag + glog with nanoseconds and an unpadded month (pytorch/pytorch#113128)
+    ("[default0]:[rank12]:[E817 17:40:34.227531918 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 12] Process group watchdog",
+     "[PG 0 (default_pg) Rank 12] Process group watchdog", "2026-08-17T17:40:34.227531Z", 12, None),
+    # srun --label + PyTorch
+    ("3: [rank3]:[E1102 10:13:12.044871 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught",
+     "[Rank 3] Watchdog caught", "2026-11-02T10:13:12.044871Z", 3, None),
+    # old glog without a stamp (modelscope/FunASR#2006)
+    ("[rank10]:[E ProcessGroupNCCL.cpp:1537] [PG 1 Rank 10] Timeout at NCCL work: 15734",
+     "[PG 1 Rank 10] Timeout at NCCL work: 15734", None, 10, None),
+    # Python glog (huggingface/accelerate#2960)
+    ("W0726 10:59:50.786825 140538811684672 torch/distributed/elastic/multiprocessing/api.py:858] Sending process 147865 closing signal SIGTERM",
+     "Sending process 147865 closing signal SIGTERM", "2026-07-26T10:59:50.786825Z", None, None),
+    # NCCL prefix (NVIDIA/nccl-tests#166)
+    ("gpu004:2200689:2200706 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer",
+     "misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer", None, None, "gpu004"),
+    # Fabric Manager (leptonai/gpud log_matcher.go)
+    ("[Jul 23 2024 07:53:55] [ERROR] [tid 841] detected NVSwitch fatal error 20034 on fid 0",
+     "detected NVSwitch fatal error 20034 on fid 0", "2024-07-23T07:53:55.000000Z", None, None),
+    # slurmctld
+    ("[2026-11-02T10:21:14.123] error: Nodes node-03 not responding, setting DOWN",
+     "error: Nodes node-03 not responding, setting DOWN", "2026-11-02T10:21:14.123000Z", None, None),
+])
+def test_read_head(line, message, stamp, rank, host):
+    head = read_head(line, CTX)
+    assert head.message == message
+    assert iso_z(head.stamp) == stamp
+    assert head.rank == rank
+    assert head.host == host
+
+
+def test_year_chosen_nearest_the_workload_start():
+    # A job started on Dec 31st: a "Jan  1" line belongs to the next year.
+    ctx = StampContext(zone=timezone.utc, anchor=datetime(2026, 12, 31, 23, tzinfo=timezone.utc))
+    assert iso_z(read_head("Jan  1 00:10:00 n1 kernel: x", ctx).stamp) == "2027-01-01T00:10:00.000000Z"
+
+
+def test_local_zone_applies_to_zoneless_stamps():
+    ctx = StampContext(zone=ZoneInfo("Europe/Berlin"), anchor=datetime(2026, 11, 2, 10, tzinfo=timezone.utc))
+    assert iso_z(read_head("Nov  2 11:03:11 n1 kernel: x", ctx).stamp) == "2026-11-02T10:03:11.000000Z"
+
+
+def test_dmesg_uptime_is_anchored_on_boot_time_or_order_only():
+    boot = datetime(2026, 11, 1, 0, 0, tzinfo=timezone.utc)
+    anchored = read_head("[ 3600.500000] NVRM: Xid", StampContext(timezone.utc, boot, boot=boot))
+    assert iso_z(anchored.stamp) == "2026-11-01T01:00:00.500000Z" and anchored.quality == "uptime"
+    unanchored = read_head("[ 3600.500000] NVRM: Xid", CTX)
+    assert unanchored.stamp is None and unanchored.quality == "order_only" and unanchored.uptime == 3600.5

@@ -1,0 +1,58 @@
+"""The data contract: models, Avro schemas kept in step, validation errors that name the field."""
+import json
+
+import pytest
+
+from firstfault.rules.bundle import parse_workload
+from firstfault.rules.errors import BundleError
+from firstfault.schemas import RawLine, WorkloadRecord, normalize_terminal_state
+from firstfault.schemas.avro import AVRO_DIR, TOPIC_MODELS, avro_schema, decode, encode
+
+
+@pytest.mark.parametrize("name", sorted(TOPIC_MODELS))
+def test_committed_avsc_matches_the_model(name):
+    committed = json.loads((AVRO_DIR / f"{name}.avsc").read_text())
+    assert committed == avro_schema(TOPIC_MODELS[name]), (
+        f"{name}.avsc drifted from the model: run python -m firstfault.schemas.avro")
+
+
+def test_single_object_encoding_round_trip():
+    line = RawLine(host="node-02", path="logs/syslog/node-02.log", line=118, text="Nov  2 10:03:11 node-02 kernel: x")
+    blob = encode(line)
+    assert blob[:2] == b"\xc3\x01" and len(blob) > 10
+    assert decode(blob) == line
+
+
+def test_decode_rejects_garbage_with_a_reason():
+    with pytest.raises(ValueError, match="single-object"):
+        decode(b"not avro at all")
+    with pytest.raises(ValueError, match="fingerprint"):
+        decode(b"\xc3\x01" + b"\x00" * 8 + b"x")
+
+
+def test_workload_extra_keys_are_kept():
+    wl = WorkloadRecord.model_validate({"workload_id": "a", "state": "FAILED", "start_time": "2026-11-02T09:58:00Z",
+                                        "partition": "gpu", "user": "alice"})
+    assert wl.model_extra == {"partition": "gpu", "user": "alice"}
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({"state": "FAILED", "start_time": "2026-11-02T09:58:00Z"}, "workload_id"),
+    ({"workload_id": "a", "state": "FAILED", "start_time": "yesterday"}, "start_time"),
+    ({"workload_id": "a", "state": "FAILED", "start_time": "2026-11-02T09:58:00Z", "attempt": -1}, "attempt"),
+    ({"workload_id": "a", "state": "FAILED", "start_time": "2026-11-02T09:58:00Z", "timezone": "Mars/Base"}, "timezone"),
+])
+def test_invalid_workload_names_the_field(doc, field):
+    with pytest.raises(BundleError, match=f"field '{field}'"):
+        parse_workload(json.dumps(doc))
+
+
+@pytest.mark.parametrize("state, terminal", [
+    ("COMPLETED", "completed"), ("FAILED", "failed"), ("TIMEOUT", "timeout"), ("CANCELLED by 1234", "cancelled"),
+    ("NODE_FAIL", "node_fail"), ("PREEMPTED", "preempted"), ("OUT_OF_MEMORY", "out_of_memory"),
+    ("BOOT_FAIL", "boot_fail"), ("DEADLINE", "deadline"), ("Failed/OOMKilled", "out_of_memory"),
+    ("Succeeded", "completed"), ("Failed/Evicted", "failed"), ("Failed/DeadlineExceeded", "deadline"),
+    ("weird", "unknown"),
+])
+def test_terminal_state_follows_the_scheduler(state, terminal):
+    assert normalize_terminal_state(state) == terminal
