@@ -19,6 +19,7 @@ import yaml
 from .decoders import DECODERS, ROLES, Tag, load_builtin_decoders
 from .errors import CatalogError
 
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml when built in: 10x faster
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUILTIN_CATALOG = PACKAGE_DIR / "catalog"
 SOURCES = frozenset({"app", "syslog", "fabricmanager", "scheduler", "metrics"})
@@ -392,7 +393,7 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
 
 def _read_yaml(path: Path, rel: str, errs: _Errors) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         errs.add(rel, None, f"not valid YAML: {str(exc).splitlines()[0]}")
         return {}

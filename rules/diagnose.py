@@ -57,7 +57,7 @@ def diagnosis_id(workload: WorkloadRecord, events: Iterable[Ev], inventory: Mapp
     digest = hashlib.sha256()
     digest.update(json.dumps(workload.canonical(), sort_keys=True, default=str).encode())
     for ev in sorted(events, key=lambda e: e.signature):
-        digest.update(ev.to_schema().model_dump_json().encode())
+        digest.update(json.dumps(ev.canonical(), sort_keys=True, default=str).encode())
     digest.update(json.dumps({k: sorted(v) if isinstance(v, (set, list, tuple)) else v
                               for k, v in sorted(inventory.items())}, sort_keys=True, default=str).encode())
     digest.update(version.encode())
@@ -145,8 +145,7 @@ def diagnose(workload: WorkloadRecord, events: Iterable[Ev], catalog: Catalog,
     evs = [e for e in events if in_horizon(workload, e)]
     did = diagnosis_id(workload, evs, inventory, catalog.version)
     # Work on copies so the caller's events stay as extracted (the stream keeps them in state).
-    work = [Ev(**{f: (getattr(e, f).copy() if isinstance(getattr(e, f), (dict, set, list)) else getattr(e, f))
-                  for f in Ev.__slots__}) for e in evs]
+    work = [e.copy() for e in evs]
     work.append(scheduler_event(workload))
     work.sort(key=lambda e: (e.order_key(), e.signature))
     kept, trail = run_early(catalog, work)

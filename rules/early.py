@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,13 +71,22 @@ def decoder_input(ev: Ev) -> Mapping[str, Any]:
     return data
 
 
+@lru_cache(maxsize=4096)
+def _rules_for(catalog: Catalog, kind: str) -> tuple[EarlyRule, ...]:
+    """The EARLY rules whose ``kind`` term can hold for this kind, in priority order."""
+    def applies(rule: EarlyRule) -> bool:
+        return all(m.test(kind) for key, m in rule.when.terms if key == "kind")
+
+    return tuple(r for r in catalog.early if applies(r))
+
+
 def run_early(catalog: Catalog, events: Iterable[Ev]) -> tuple[list[Ev], EarlyTrail]:
     """Tag every event; drop noise. Returns (kept events, trail). Pure apart from mutating events."""
     trail = EarlyTrail()
     kept: list[Ev] = []
     for ev in events:
         dropped = False
-        for rule in catalog.early:
+        for rule in _rules_for(catalog, ev.kind):
             if not holds(rule.when, ev):
                 continue
             if rule.action == "drop":

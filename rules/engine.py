@@ -17,7 +17,7 @@ from firstfault.schemas import Diagnosis, RawLine, WorkloadRecord
 from .bundle import Bundle, bundle_from_files, open_bundle, parse_workload
 from .catalog import Catalog, load_catalog
 from .diagnose import diagnose
-from .extract import ExtractStats, Extractor, source_of
+from .extract import ExtractStats, Extractor, LineMemory, source_of
 from .model import Ev, EventSet
 
 Progress = Callable[[int, int], None]        # (bytes done, bytes total)
@@ -126,26 +126,26 @@ def analyze_files(workload: Mapping[str, Any] | WorkloadRecord, files: Mapping[s
 
 
 def extract_records(extractor: Extractor, records: Iterable[RawLine], events: EventSet,
-                    stats: ExtractStats | None = None) -> ExtractStats:
-    """Stream path: extract a batch of raw line records (any order) into ``events``."""
+                    stats: ExtractStats | None = None, memory: LineMemory | None = None) -> ExtractStats:
+    """Stream path: extract raw line records (in arrival order) into ``events``.
+
+    ``memory`` keeps the last lines of each file across calls so an unstamped line
+    inherits a stamp exactly as it does offline; pass the same one for every batch.
+    """
     stats = stats or ExtractStats()
-    by_path: dict[str, list[RawLine]] = {}
+    memory = memory if memory is not None else LineMemory()
     for rec in records:
-        by_path.setdefault(rec.path, []).append(rec)
-    for path, recs in by_path.items():
-        recs.sort(key=lambda r: r.line)
-        source = recs[0].source or source_of(path) or "app"
-        file_host = extractor.hosts.file_host(path, source)
-        ctx = extractor.context(file_host)
-        for rec in recs:
-            stats.lines += 1
-            raw = rec.text.encode("utf-8", errors="surrogateescape")
-            hits = extractor.prefilter.scan(raw)
-            if not hits:
-                continue
+        stats.lines += 1
+        source = rec.source or source_of(rec.path) or "app"
+        raw = rec.text.encode("utf-8", errors="surrogateescape")
+        hits = extractor.prefilter.scan(raw)
+        if hits:
             stats.candidates += 1
-            ev = extractor.read_line(path, source, file_host, ctx, rec.line, raw, hits[0], None, stats)
+            file_host = extractor.hosts.file_host(rec.path, source)
+            ev = extractor.read_line(rec.path, source, file_host, extractor.context(file_host), rec.line, raw,
+                                     hits[0], lambda r=rec: memory.above(r.path, r.line), stats)
             if ev is not None:
                 stats.matched += 1
                 events.add(ev)
+        memory.add(rec.path, rec.line, rec.text)
     return stats

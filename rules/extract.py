@@ -7,6 +7,7 @@ runs the prefilter over one block of text and reads only the candidate lines.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from .prefixes import Head, StampContext, read_head
 
 MAX_LINE = 64 * 1024          # longer lines are read truncated (and flagged)
 LOOKBACK = 64                 # lines searched upward for a stamp to inherit
+_HAS_TIME = re.compile(r"\d:\d\d:\d\d|\[\s*\d+\.\d+\]")
 _RANK_FILE = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 _PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?$")
 
@@ -96,6 +98,31 @@ class ExtractStats:
         self.unparsed_refs = sorted(self.unparsed_refs + other.unparsed_refs)[:10]
 
 
+class LineMemory:
+    """The last few lines of each file, for stamp inheritance (bounded LRU of paths)."""
+
+    def __init__(self, paths: int = 4096, depth: int = LOOKBACK) -> None:
+        self.paths, self.depth = paths, depth
+        self._mem: OrderedDict[str, deque[tuple[int, str]]] = OrderedDict()
+
+    def above(self, path: str, line: int) -> Iterable[str]:
+        buf = self._mem.get(path)
+        if not buf:
+            return ()
+        return [t for n, t in reversed(buf) if n < line][: self.depth]
+
+    def add(self, path: str, line: int, text: str) -> None:
+        buf = self._mem.get(path)
+        if buf is None:
+            buf = self._mem[path] = deque(maxlen=self.depth)
+            if len(self._mem) > self.paths:
+                self._mem.popitem(last=False)
+        else:
+            self._mem.move_to_end(path)
+        buf.append((line, text))
+
+
+
 @lru_cache(maxsize=8)
 def _compiled(catalog: Catalog) -> tuple[Prefilter, list[list[Pattern]]]:
     """One prefilter per catalog; anchor id -> patterns that list it (priority order)."""
@@ -121,10 +148,25 @@ class Extractor:
         pre, self.by_anchor = _compiled(catalog)
         self.prefilter = Prefilter(pre.anchors, force_fallback=True) if force_fallback else pre
         self._priority = {p.id: i for i, p in enumerate(catalog.patterns)}
+        self._cand_cache: dict[tuple[frozenset[int], str], tuple[Pattern, ...]] = {}
+        self._ctx_cache: dict[str | None, StampContext] = {}
+
+    def _candidates(self, anchor_ids: frozenset[int], source: str) -> tuple[Pattern, ...]:
+        """Patterns to try for a line that hit these anchors, in priority order (memoized)."""
+        key = (anchor_ids, source)
+        found = self._cand_cache.get(key)
+        if found is None:
+            pats = {p.id: p for aid in anchor_ids for p in self.by_anchor[aid] if source in p.sources}
+            found = tuple(sorted(pats.values(), key=lambda p: self._priority[p.id]))
+            self._cand_cache[key] = found
+        return found
 
     def context(self, host: str | None) -> StampContext:
-        boot = self.workload.boot_times.get(host) if host else None
-        return StampContext(zone=self.workload.zone, anchor=self.workload.start_time, boot=boot)
+        ctx = self._ctx_cache.get(host)
+        if ctx is None:
+            boot = self.workload.boot_times.get(host) if host else None
+            ctx = self._ctx_cache[host] = StampContext(zone=self.workload.zone, anchor=self.workload.start_time, boot=boot)
+        return ctx
 
     # ------------------------------------------------------------ offline files
     def scan_file(self, path: str, chunks: Iterable[bytes], events: EventSet,
@@ -155,6 +197,7 @@ class Extractor:
             return
         line_no = first_line
         pos = 0
+        memo: dict[str, Any] = {}
         for start in sorted(hits):
             line_no += block.count(b"\n", pos, start)
             pos = start
@@ -162,7 +205,7 @@ class Extractor:
             raw = block[start:end if end >= 0 else len(block)]
             stats.candidates += 1
             ev = self.read_line(path, source, file_host, ctx, line_no, raw, hits[start],
-                                lambda s=start: _lines_above(block, s, tail), stats)
+                                _Above(block, start, tail, line_no, memo), stats)
             if ev is not None:
                 stats.matched += 1
                 events.add(ev)
@@ -177,19 +220,14 @@ class Extractor:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         damaged = truncated or "\ufffd" in text
         head = read_head(text, ctx)
-        tried: set[str] = set()
-        candidates: list[Pattern] = []
-        for aid in anchor_ids:
-            for pat in self.by_anchor[aid]:
-                if pat.id not in tried and source in pat.sources:
-                    tried.add(pat.id)
-                    candidates.append(pat)
-        candidates.sort(key=lambda p: self._priority[p.id])
-        for pat in candidates:
+        for pat in self._candidates(frozenset(anchor_ids), source):
             m = pat.regex.search(head.message)
             if m is not None:
                 if head.stamp is None and head.quality != "order_only" and above is not None:
-                    _inherit(head, above(), ctx)
+                    if isinstance(above, _Above):
+                        above.inherit(head, ctx)
+                    else:
+                        _inherit(head, above(), ctx)
                 return self._event(pat, m, head, path, source, file_host, line_no, text, damaged)
         if damaged:
             stats.unparsed += 1
@@ -261,10 +299,46 @@ def _inherit(head: Head, lines_above: Iterator[str], ctx: StampContext) -> None:
     minutes older (a rank that hangs prints nothing until its error).
     """
     for text in lines_above:
+        if not _HAS_TIME.search(text, 0, 96):        # cheap test before a full prefix read
+            continue
         other = read_head(text, ctx)
         if other.stamp is not None:
             head.stamp, head.quality = other.stamp, "inherited"
             return
+
+
+class _Above:
+    """Lines above a candidate in its block, with a memo of the last inherited stamp.
+
+    Consecutive unstamped candidates (a traceback, a ChildFailedError block) would each
+    scan the same lines upward; the memo stops the scan where the previous one ended.
+    """
+
+    __slots__ = ("block", "start", "tail", "line_no", "memo")
+
+    def __init__(self, block: bytes, start: int, tail, line_no: int, memo: dict) -> None:
+        self.block, self.start, self.tail, self.line_no, self.memo = block, start, tail, line_no, memo
+
+    def inherit(self, head: Head, ctx: StampContext) -> None:
+        # memo: (line inherited for, stamp found, line the stamp came from)
+        prev = self.memo.get("last")
+        n = self.line_no
+        source = None
+        for text in _lines_above(self.block, self.start, self.tail):
+            n -= 1
+            if prev is not None and n <= prev[0]:
+                # Everything from here up was scanned for the previous line; its find counts
+                # only if it is within this line's own look-back window.
+                if prev[1] is not None and self.line_no - prev[2] <= LOOKBACK:
+                    head.stamp, head.quality, source = prev[1], "inherited", prev[2]
+                break
+            if not _HAS_TIME.search(text, 0, 96):
+                continue
+            other = read_head(text, ctx)
+            if other.stamp is not None:
+                head.stamp, head.quality, source = other.stamp, "inherited", n
+                break
+        self.memo["last"] = (self.line_no, head.stamp, source)
 
 
 def _lines_above(block: bytes, start: int, tail: list[bytes] | None) -> Iterator[str]:

@@ -24,6 +24,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "min_coverage": 0.5,              # a root must explain at least this share of symptom lines
     "ambiguity_margin": 0.1,          # roots within this coverage of the best one also fit
     "window_slack_s": 300.0,          # workload window padding for events before start / after end
+    "inherited_slack_s": 60.0,        # a line with an inherited stamp may have been written this much later
     "max_refs": 10,
 }
 
@@ -65,6 +66,7 @@ class FinalContext:
     missing: list[dict[str, Any]] = field(default_factory=list)
     recovery: dict[str, Any] | None = None
     coverage_of: dict[int, float] = field(default_factory=dict)
+    _workload_timeout: float | None = None
 
     # ------------------------------------------------------------ views
     def by_role(self, role: str) -> list[Ev]:
@@ -100,11 +102,14 @@ class FinalContext:
         return ev.stamp - timedelta(seconds=self.offsets.get(ev.host or "", 0.0))
 
     def timeout_ms(self, ev: Ev) -> float:
+        """The event's stated timeout, else the longest one the workload's lines state, else the default."""
         value = ev.fields.get("timeout_ms")
         if isinstance(value, (int, float)) and value > 0:
             return float(value)
-        seen = [e.fields.get("timeout_ms") for e in self.events if isinstance(e.fields.get("timeout_ms"), (int, float))]
-        return float(max(seen)) if seen else float(self.settings["default_timeout_ms"])
+        if self._workload_timeout is None:
+            seen = [e.fields["timeout_ms"] for e in self.events if isinstance(e.fields.get("timeout_ms"), (int, float))]
+            self._workload_timeout = float(max(seen)) if seen else float(self.settings["default_timeout_ms"])
+        return self._workload_timeout
 
 
 # ---------------------------------------------------------------- explains engine
@@ -138,6 +143,9 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         # Untimed events join only on place, never on time.
         return join in ("same_host", "same_gpu") and rule.window_s is None
     before = timedelta(seconds=rule.before_s)
+    if tgt.quality == "inherited":
+        # An inherited stamp is only a lower bound (the last stamped line above it).
+        before += timedelta(seconds=float(ctx.settings["inherited_slack_s"]))
     if t_on < s_on - tol - before:
         return False
     if rule.window_s is not None and t_on - s_on > timedelta(seconds=float(rule.window_s)) + tol:
@@ -161,8 +169,6 @@ def run_explains(ctx: FinalContext) -> None:
             for tgt in targets:
                 if tgt is src or id(tgt) in ctx.explained_by:
                     continue
-                if tgt.role == "root" and root_order(tgt) < root_order(src) and not _outranks(rule, src, tgt, ctx):
-                    continue
                 if not joins(ctx, rule, src, tgt):
                     continue
                 ctx.edges.append(Edge(rule.id, rule.join, src, tgt))
@@ -172,11 +178,6 @@ def run_explains(ctx: FinalContext) -> None:
                     demoted.append(tgt)
         if fired:
             ctx.step(rule.id, "explain", fired, demoted=len(demoted))
-
-
-def _outranks(rule: ExplainsRule, src: Ev, tgt: Ev, ctx: FinalContext) -> bool:
-    """A root earlier than ``src`` may still be explained by it when the rule allows it to come first."""
-    return rule.before_s > 0
 
 
 def root_order(ev: Ev) -> tuple:

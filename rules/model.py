@@ -6,6 +6,7 @@ decoded fields, rule ids) lives here too.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,10 @@ from typing import Any
 from firstfault.schemas import Event, GpuRef, Ref
 
 _FAR = datetime.max.replace(tzinfo=None)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 @dataclass(slots=True)
@@ -47,6 +52,20 @@ class Ev:
     def order_key(self) -> tuple:
         """Earliest occurrence first; unstamped last; ties broken by the line's place."""
         return (self.stamp is None, self.stamp.replace(tzinfo=None) if self.stamp else _FAR, self.path, self.line)
+
+    def copy(self) -> "Ev":
+        """A copy whose containers the rules may change without touching this one."""
+        other = copy.copy(self)
+        other.fields = dict(self.fields)
+        other.ranks = set(self.ranks)
+        other.early_rules = list(self.early_rules)
+        return other
+
+    def canonical(self) -> list:
+        """The extracted content (nothing the rules add), for content hashing."""
+        return [self.kind, self.pattern, self.source, self.path, self.line, self.text, self.host, self.pci,
+                self.gpu_index, self.rank, _iso(self.stamp), _iso(self.last_stamp), _iso(self.onset), self.quality,
+                self.fields, self.count, sorted(self.ranks), self.signature]
 
     def ref(self) -> Ref:
         return Ref(path=self.path, line=self.line)

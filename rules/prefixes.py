@@ -79,75 +79,96 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
     return int(m["hh"]), int(m["mm"]), int(m["ss"])
 
 
+# Which prefix shapes can start with which character: tried in this order.
+_BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket")
+_DIGIT = ("srun", "iso_host", "iso_bare", "nccl")
+_ALPHA = ("rfc3164", "glog_bare", "nccl")
+_REGEX = {
+    "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
+    "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
+    "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
+    "iso_bare": _ISO_BARE,
+}
+
+
+def _shapes(text: str) -> tuple[str, ...]:
+    c = text[:1]
+    if c == "[":
+        return _BRACKET
+    if c.isdigit() or c == " ":
+        return _DIGIT
+    if c.isalpha():
+        return _ALPHA
+    return ()
+
+
 def read_head(line: str, ctx: StampContext) -> Head:
     """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
     head = Head(message=line)
     text = line
     for _ in range(12):
-        m = None
         stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
-        if (m := _SRUN_LABEL.match(stripped)) and head.rank is None and head.stamp is None:
-            head.rank = int(m["rank"])
-        elif m := _TORCHRUN.match(stripped):
-            head.local_rank = int(m["local"])
-        elif m := _RANK_TAG.match(stripped):
-            head.rank = int(m["rank"])
-        elif m := _RFC3164.match(stripped):
-            if head.stamp is None:
-                hh, mi, ss = _hms(m)
-                head.stamp = with_year(MONTHS[m["mon"]], int(m["day"]), hh, mi, ss,
-                                       micro_of(m["frac"]), ctx.zone, ctx.anchor)
-                head.quality = "no_year"
-            if m["pid"] and head.pid is None:
-                head.pid = int(m["pid"])
-        elif m := _ISO_HOST.match(stripped):
-            if head.stamp is None:
-                head.stamp = parse_iso(m["iso"], ctx.zone)
-                head.quality = "exact" if head.stamp else "none"
-            if m["pid"] and head.pid is None:
-                head.pid = int(m["pid"])
-        elif m := _DMESG_CTIME.match(stripped):
-            if head.stamp is None:
-                hh, mi, ss = _hms(m)
-                head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
-                head.quality = "exact"
-        elif m := _DMESG_UPTIME.match(stripped):
-            head.uptime = float(m["up"])
-            if head.stamp is None:
-                anchored = from_uptime(ctx.boot, head.uptime)
-                head.stamp, head.quality = (anchored, "uptime") if anchored else (None, "order_only")
-        elif m := _DMESG_DELTA.match(stripped):
-            if head.stamp is None:
-                head.quality = "order_only"
-        elif m := _FM.match(stripped):
-            if head.stamp is None:
-                hh, mi, ss = _hms(m)
-                head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{m['day']}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
-                head.quality = "exact"
-        elif m := _ISO_BRACKET.match(stripped):
-            if head.stamp is None:
-                head.stamp = parse_iso(m["iso"], ctx.zone)
-                head.quality = "exact" if head.stamp else "none"
-        elif m := _GLOG_BRACKET.match(stripped):
-            if head.stamp is None and m["mo"]:
-                hh, mi, ss = _hms(m)
-                head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
-                head.quality = "no_year" if head.stamp else "none"
-        elif m := _GLOG_BARE.match(stripped):
-            if head.stamp is None:
-                hh, mi, ss = _hms(m)
-                head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
-                head.quality = "no_year" if head.stamp else "none"
-        elif m := _NCCL.match(stripped):
-            head.host = m["host"]
-            head.pid = int(m["pid"])
-            head.dev = int(m["dev"])
-        elif m := _ISO_BARE.match(stripped):
-            if head.stamp is None:
-                head.stamp = parse_iso(m["iso"], ctx.zone)
-                head.quality = "exact" if head.stamp else "none"
-        else:
+        m = None
+        for name in _shapes(stripped):
+            m = _REGEX[name].match(stripped)
+            if m is not None and _apply(name, m, head, ctx):
+                break
+            m = None
+        if m is None:
             break
         text = stripped[m.end():]
     head.message = text.lstrip(" ") if text is not line else text
     return head
+
+
+def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    """Record what prefix ``name`` says; False if it does not apply here (try the next shape)."""
+    if name == "srun":
+        if head.rank is not None or head.stamp is not None:
+            return False
+        head.rank = int(m["rank"])
+    elif name == "torchrun":
+        head.local_rank = int(m["local"])
+    elif name == "rank":
+        head.rank = int(m["rank"])
+    elif name == "rfc3164":
+        if head.stamp is None:
+            hh, mi, ss = _hms(m)
+            head.stamp = with_year(MONTHS[m["mon"]], int(m["day"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
+            head.quality = "no_year"
+        if m["pid"] and head.pid is None:
+            head.pid = int(m["pid"])
+    elif name in ("iso_host", "iso_bracket", "iso_bare"):
+        if head.stamp is None:
+            head.stamp = parse_iso(m["iso"], ctx.zone)
+            head.quality = "exact" if head.stamp else "none"
+        if name == "iso_host" and m["pid"] and head.pid is None:
+            head.pid = int(m["pid"])
+    elif name == "dmesg_ctime":
+        if head.stamp is None:
+            hh, mi, ss = _hms(m)
+            head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
+            head.quality = "exact"
+    elif name == "dmesg_uptime":
+        head.uptime = float(m["up"])
+        if head.stamp is None:
+            anchored = from_uptime(ctx.boot, head.uptime)
+            head.stamp, head.quality = (anchored, "uptime") if anchored else (None, "order_only")
+    elif name == "dmesg_delta":
+        if head.stamp is None:
+            head.quality = "order_only"
+    elif name == "fm":
+        if head.stamp is None:
+            hh, mi, ss = _hms(m)
+            head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{m['day']}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
+            head.quality = "exact"
+    elif name in ("glog_bracket", "glog_bare"):
+        if head.stamp is None and m["mo"]:
+            hh, mi, ss = _hms(m)
+            head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
+            head.quality = "no_year" if head.stamp else "none"
+    elif name == "nccl":
+        head.host = m["host"]
+        head.pid = int(m["pid"])
+        head.dev = int(m["dev"])
+    return True

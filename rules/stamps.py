@@ -7,24 +7,37 @@ read in the workload's time zone.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone, tzinfo
+from functools import lru_cache
 
 MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
 
 
+@lru_cache(maxsize=4096)
+def _year_for(month: int, day: int, zone: tzinfo, anchor: datetime) -> int | None:
+    """The year that puts (month, day) nearest ``anchor`` (noon of that day is close enough)."""
+    best: tuple[timedelta, int] | None = None
+    for year in (anchor.year - 1, anchor.year, anchor.year + 1):
+        try:
+            utc = datetime(year, month, day, 12, tzinfo=zone).astimezone(timezone.utc)
+        except ValueError:          # Feb 29 in a non-leap year
+            continue
+        gap = abs(utc - anchor)
+        if best is None or gap < best[0]:
+            best = (gap, year)
+    return None if best is None else best[1]
+
+
 def with_year(month: int, day: int, hh: int, mm: int, ss: int, micro: int,
               zone: tzinfo, anchor: datetime) -> datetime | None:
     """Build a UTC datetime for a year-less stamp, choosing the year nearest ``anchor``."""
-    best: datetime | None = None
-    for year in (anchor.year - 1, anchor.year, anchor.year + 1):
-        try:
-            local = datetime(year, month, day, hh, mm, ss, micro, tzinfo=zone)
-        except ValueError:          # Feb 29 in a non-leap year
-            continue
-        utc = local.astimezone(timezone.utc)
-        if best is None or abs(utc - anchor) < abs(best - anchor):
-            best = utc
-    return best
+    year = _year_for(month, day, zone, anchor)
+    if year is None:
+        return None
+    try:
+        return datetime(year, month, day, hh, mm, ss, micro, tzinfo=zone).astimezone(timezone.utc)
+    except ValueError:
+        return None
 
 
 def micro_of(frac: str | None) -> int:

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,7 +29,7 @@ from confluent_kafka import TopicPartition
 
 from firstfault.rules.catalog import Catalog, load_catalog
 from firstfault.rules.errors import RecordError
-from firstfault.rules.extract import ExtractStats, Extractor, source_of
+from firstfault.rules.extract import ExtractStats, Extractor, LineMemory, source_of
 from firstfault.rules.model import EventSet
 from firstfault.rules.prefixes import StampContext, read_head
 from firstfault.schemas import DeadLetter, EventBatch, RawLine
@@ -42,7 +42,6 @@ from .timeline import Allocation, AllocationTimeline
 
 log = logging.getLogger("firstfault.extractor")
 NODE_SCOPED = ("syslog", "fabricmanager")
-LOOKBACK = 64
 
 
 @dataclass
@@ -63,30 +62,6 @@ class Counters:
     unrouted_lines: int = 0
     node_history: int = 0
     by_host: dict[str, int] = field(default_factory=dict)
-
-
-class LineMemory:
-    """The last few lines of each file, for stamp inheritance (bounded LRU of paths)."""
-
-    def __init__(self, paths: int = 4096, depth: int = LOOKBACK) -> None:
-        self.paths, self.depth = paths, depth
-        self._mem: OrderedDict[str, deque[tuple[int, str]]] = OrderedDict()
-
-    def above(self, path: str, line: int) -> Iterable[str]:
-        buf = self._mem.get(path)
-        if not buf:
-            return ()
-        return [t for n, t in reversed(buf) if n < line][: self.depth]
-
-    def add(self, path: str, line: int, text: str) -> None:
-        buf = self._mem.get(path)
-        if buf is None:
-            buf = self._mem[path] = deque(maxlen=self.depth)
-            if len(self._mem) > self.paths:
-                self._mem.popitem(last=False)
-        else:
-            self._mem.move_to_end(path)
-        buf.append((line, text))
 
 
 class ExtractorCore:

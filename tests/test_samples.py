@@ -9,7 +9,7 @@ import pytest
 from firstfault.rules.catalog import load_catalog
 from firstfault.rules.diagnose import diagnose
 from firstfault.rules.engine import analyze_path, extract_records
-from firstfault.rules.extract import Extractor, source_of
+from firstfault.rules.extract import Extractor, LineMemory, source_of
 from firstfault.rules.model import EventSet
 from firstfault.rules.bundle import open_bundle
 from firstfault.schemas import RawLine
@@ -73,10 +73,11 @@ def test_interleaving_across_hosts_does_not_change_a_byte():
                 queues.remove(q)
         events = EventSet()
         ex = Extractor(catalog, bundle.workload)
+        memory = LineMemory()
         size = rng.randint(50, 5000)
         for i in range(0, len(mixed), size):
             batch = EventSet()
-            extract_records(ex, mixed[i:i + size], batch)
+            extract_records(ex, mixed[i:i + size], batch, memory=memory)
             events.update(batch.sorted())
         from firstfault.rules.engine import _inventory
         inv = _inventory(bundle)

@@ -6,11 +6,12 @@ Routes raise :class:`ApiError`; FastAPI's own validation errors and Starlette's
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,6 +34,9 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.code, self.message, self.limit = status, code, message, limit
         self.headers = headers or {}
+
+
+HtmlRenderer = Callable[[Request, "ApiError"], Response]
 
 
 def error_response(status: int, code: str, message: str, limit: str | None = None,
@@ -65,22 +69,41 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(str(p) for p in loc)
 
 
-def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+def install(app: FastAPI, html: HtmlRenderer | None = None, html_prefix: str = "/ui/",
+            translate: Mapping[type[Exception], Callable[[Exception], ApiError]] | None = None) -> None:
+    """Map every error to the JSON model; on pages under ``html_prefix``, to ``html`` instead.
+
+    ``translate`` turns other exception types (e.g. the store's) into an ApiError.
+    """
+
+    def respond(request: Request, exc: ApiError) -> Response:
+        if html is not None and request.url.path.startswith(html_prefix):
+            return html(request, exc)
         return error_response(exc.status, exc.code, exc.message, exc.limit, exc.headers)
 
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return respond(request, exc)
+
+    for exc_type, to_api_error in (translate or {}).items():
+        def make(convert: Callable[[Exception], ApiError]) -> Callable[[Request, Exception], Any]:
+            async def handler(request: Request, exc: Exception) -> Response:
+                return respond(request, convert(exc))
+            return handler
+        app.add_exception_handler(exc_type, make(to_api_error))
+
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        return error_response(422, "invalid_parameter", f"{_field(first['loc'])}: {first['msg']}")
+        return respond(request, ApiError(422, "invalid_parameter", f"{_field(first['loc'])}: {first['msg']}"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), None, dict(exc.headers or {}))
+        return respond(request, ApiError(exc.status_code, code, str(exc.detail), None, dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal_error", f"unexpected {type(exc).__name__}; see the service log")
+        return respond(request, ApiError(500, "internal_error",
+                                         f"unexpected {type(exc).__name__}; see the service log"))

@@ -102,12 +102,18 @@ def from_archive(body: bytes, kind: str, settings: ServiceSettings) -> Bundle:
     return bundle
 
 
-def bundle_from_body(body: bytes, content_type: str | None, settings: ServiceSettings) -> Bundle:
+def check_media_type(content_type: str | None) -> str:
+    """The body's media type, or 415 before any of the body is read."""
     mt = media_type(content_type)
+    if mt != JSON and mt not in ARCHIVE_TYPES:
+        raise ApiError(415, "unsupported_media_type",
+                       f"Content-Type {mt or '(none)'!r} is not one of application/json, application/gzip "
+                       "(a .tar.gz bundle), application/zip")
+    return mt
+
+
+def bundle_from_body(body: bytes, content_type: str | None, settings: ServiceSettings) -> Bundle:
+    mt = check_media_type(content_type)
     if mt == JSON:
         return from_json(body, settings)
-    if mt in ARCHIVE_TYPES:
-        return from_archive(body, ARCHIVE_TYPES[mt], settings)
-    raise ApiError(415, "unsupported_media_type",
-                   f"Content-Type {mt or '(none)'!r} is not one of application/json, application/gzip "
-                   "(a .tar.gz bundle), application/zip")
+    return from_archive(body, ARCHIVE_TYPES[mt], settings)

@@ -18,6 +18,12 @@ from .settings import ServiceSettings, env_name
 
 T = TypeVar("T")
 
+# The engine's compiled prefilter is shared per catalog (one per process) and its
+# hyperscan scratch space serves one scan at a time: two concurrent analyses fail
+# with ScratchInUseError. So analyses run one at a time per process (parsing and
+# decompression still overlap); `firstfault serve --workers N` scales across cores.
+ENGINE_LOCK = threading.Lock()
+
 
 class EngineRunner:
     def __init__(self, settings: ServiceSettings) -> None:

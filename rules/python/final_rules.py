@@ -216,8 +216,8 @@ def choose(ctx: FinalContext) -> None:
     if not fits:
         ctx.status = "unattributed"
         ctx.coverage = best
-        weak_hosts = {r.host for r in timed if r.host and ctx.coverage_of[id(r)] > 0}
-        ctx.suspects.update(weak_hosts)
+        # Root evidence that does not explain the failure is still evidence against its host.
+        ctx.suspects.update(r.host for r in timed if r.host)
         ctx.step("final.choose", "unattributed", timed + untimed,
                  reason="no root candidate" if not roots else "no root candidate explains enough of the symptoms",
                  best_coverage=best, min_coverage=float(settings["min_coverage"]))

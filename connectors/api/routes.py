@@ -1,0 +1,181 @@
+"""The JSON API: analyze, read diagnoses, health, readiness and metrics."""
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from firstfault.connectors.sinks.redis_store import InvalidCursor
+from firstfault.rules.engine import analyze_bundle
+from firstfault.schemas import Diagnosis
+
+from .context import ServiceContext, call_hook
+from .errors import ApiError, responses
+from .evidence import JSON, bundle_from_body, check_media_type
+from .limits import read_body
+from .runner import ENGINE_LOCK
+from .models import DiagnosisPage, DiagnosisRecord, Health, NodeDiagnosisPage, Readiness
+
+StatusFilter = Literal["attributed", "ambiguous", "unattributed", "no_failure"]
+WorkloadId = Annotated[str, Path(min_length=1, max_length=256, description="the scheduler's workload id")]
+Host = Annotated[str, Path(min_length=1, max_length=256)]
+Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
+Cursor = Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")]
+
+ANALYZE_BODY = {
+    "required": True,
+    "content": {
+        JSON: {"schema": {"$ref": "#/components/schemas/AnalyzeRequest"}},
+        "application/gzip": {"schema": {"type": "string", "format": "binary"},
+                             "description": "a .tar.gz bundle (layout at the root or under one folder)"},
+        "application/zip": {"schema": {"type": "string", "format": "binary"}, "description": "a .zip bundle"},
+    },
+}
+
+
+def _diagnosis_response(d: Diagnosis, headers: dict[str, str] | None = None) -> Response:
+    # Exactly `firstfault analyze --json` (without its trailing newline).
+    return Response(d.to_json(), media_type="application/json", headers=headers)
+
+
+def build_router(ctx: ServiceContext) -> APIRouter:
+    router = APIRouter()
+    read = Depends(ctx.auth.dependency("read"))
+    write = Depends(ctx.auth.dependency("write"))
+    settings = ctx.settings
+
+    @router.post(
+        "/v1/analyze", tags=["analyze"], dependencies=[write], response_class=JSONResponse,
+        summary="Diagnose one workload attempt's evidence",
+        description="The body is the JSON form or a bundle archive. Returns the diagnosis exactly as "
+                    "`firstfault analyze --json` prints it. `store=true` keeps it in the diagnoses store; "
+                    "`publish=true` sends it to the diagnoses topic (409 when no publisher is configured).",
+        openapi_extra={"requestBody": ANALYZE_BODY},
+        responses={200: {"model": Diagnosis, "description": "the diagnosis",
+                         "headers": {"X-Firstfault-Stored": {"description": "with store=true: `true` if saved, "
+                                                             "`false` if this exact diagnosis was already stored",
+                                                             "schema": {"type": "string"}},
+                                     "X-Firstfault-Published": {"description": "with publish=true: `true`",
+                                                                "schema": {"type": "string"}}}},
+                   **responses(400, 401, 403, 409, 413, 415, 422, 503, 504)})
+    async def analyze(request: Request, store: bool = False, publish: bool = False) -> Response:
+        try:
+            return await _analyze(request, store, publish)
+        except ApiError as exc:
+            if exc.limit:
+                ctx.metrics.rejections.labels(exc.limit).inc()
+            raise
+
+    async def _analyze(request: Request, store: bool, publish: bool) -> Response:
+        if publish and ctx.publisher is None:
+            raise ApiError(409, "publish_not_configured",
+                           "publishing is not configured on this service (no diagnoses topic producer)")
+        content_type = request.headers.get("content-type")
+        check_media_type(content_type)
+        body = await read_body(request, settings)
+
+        def work() -> tuple[Diagnosis, datetime | None]:
+            start = time.perf_counter()
+            try:
+                bundle = bundle_from_body(body, content_type, settings)
+                with ENGINE_LOCK:
+                    return analyze_bundle(bundle, ctx.catalog).diagnosis, bundle.workload.end_time
+            finally:
+                ctx.metrics.engine_seconds.observe(time.perf_counter() - start)
+
+        diagnosis, ended_at = await ctx.runner.run(work)
+        ctx.metrics.diagnoses.labels(diagnosis.status, diagnosis.domain).inc()
+        headers: dict[str, str] = {}
+        if store:
+            saved = await ctx.in_thread(ctx.store.save, diagnosis, ended_at)
+            headers["X-Firstfault-Stored"] = "true" if saved else "false"
+        if publish:
+            assert ctx.publisher is not None
+            try:
+                await call_hook(ctx.publisher, diagnosis)
+            except Exception as exc:
+                raise ApiError(503, "publish_failed", f"publishing the diagnosis failed: {exc}") from None
+            headers["X-Firstfault-Published"] = "true"
+        return _diagnosis_response(diagnosis, headers)
+
+    @router.get("/v1/diagnoses/{workload_id}", tags=["diagnoses"], dependencies=[read],
+                response_model=DiagnosisRecord, summary="A workload attempt's latest diagnosis and revisions",
+                responses=responses(401, 403, 404, 422, 503))
+    async def get_diagnosis(workload_id: WorkloadId,
+                            attempt: Annotated[int | None, Query(ge=0, description="default: the latest "
+                                                                 "stored attempt")] = None) -> Response:
+        def load() -> dict[str, Any] | None:
+            latest = ctx.store.latest(workload_id, attempt)
+            if latest is None:
+                return None
+            return {"workload_id": workload_id, "attempt": latest.attempt,
+                    "attempts": ctx.store.attempts(workload_id), "diagnosis": latest.to_dict(),
+                    "revisions": [r.to_dict() for r in ctx.store.revisions(workload_id, latest.attempt)]}
+
+        found = await ctx.in_thread(load)
+        if found is None:
+            which = f" attempt {attempt}" if attempt is not None else ""
+            raise ApiError(404, "not_found", f"no diagnosis stored for workload {workload_id!r}{which}")
+        return JSONResponse(found)
+
+    @router.get("/v1/diagnoses", tags=["diagnoses"], dependencies=[read], response_model=DiagnosisPage,
+                summary="Recent diagnoses, newest first, filtered and paginated",
+                responses=responses(401, 403, 422, 503))
+    async def list_diagnoses(
+            since: Annotated[datetime | None, Query(description="ended at or after (ISO-8601; UTC if no zone)")] = None,
+            until: Annotated[datetime | None, Query(description="ended at or before")] = None,
+            status: StatusFilter | None = None,
+            domain: Annotated[str | None, Query(max_length=64)] = None,
+            node: Annotated[str | None, Query(max_length=256, description="blamed or suspected host")] = None,
+            limit: Limit = 50, cursor: Cursor = None) -> Response:
+        items, next_cursor = await _query(since=since, until=until, status=status, domain=domain, node=node,
+                                          limit=limit, cursor=cursor)
+        return JSONResponse({"items": [d.to_dict() for d in items], "next_cursor": next_cursor})
+
+    @router.get("/v1/nodes/{host}/diagnoses", tags=["diagnoses"], dependencies=[read],
+                response_model=NodeDiagnosisPage, summary="Diagnoses that blamed or suspected a host",
+                responses=responses(401, 403, 422, 503))
+    async def node_diagnoses(host: Host, limit: Limit = 50, cursor: Cursor = None) -> Response:
+        items, next_cursor = await _query(node=host, limit=limit, cursor=cursor)
+        out = [{"role": "responsible" if _blamed(d, host) else "suspect", "diagnosis": d.to_dict()} for d in items]
+        return JSONResponse({"host": host, "items": out, "next_cursor": next_cursor})
+
+    async def _query(**kwargs: Any) -> tuple[list[Diagnosis], str | None]:
+        try:
+            return await ctx.in_thread(ctx.store.query, **kwargs)
+        except InvalidCursor as exc:
+            raise ApiError(422, "invalid_cursor", f"cursor: {exc}") from None
+
+    @router.get("/healthz", tags=["operations"], response_model=Health, summary="The process is up",
+                responses=responses())
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/readyz", tags=["operations"], response_model=Readiness,
+                summary="The store and, when configured, Kafka are reachable",
+                responses={503: {"model": Readiness, "description": "a dependency is not reachable"},
+                           **responses()})
+    async def readyz() -> JSONResponse:
+        checks = {"store": await ctx.in_thread(ctx.store.ping)}
+        if ctx.kafka_ready is not None:
+            checks["kafka"] = await ctx.kafka_reachable()
+        ready = all(checks.values())
+        body = {"status": "ready" if ready else "not_ready", "checks": checks,
+                "store_backend": ctx.store.backend, "rules_version": ctx.catalog.version}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @router.get("/metrics", tags=["operations"], response_class=Response, summary="Prometheus metrics",
+                responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                 "description": "Prometheus text exposition format"}, **responses()})
+    async def metrics() -> Response:
+        data, content_type = ctx.metrics.render()
+        return Response(data, media_type=content_type)
+
+    return router
+
+
+def _blamed(d: Diagnosis, host: str) -> bool:
+    return host in d.responsible_nodes or (d.root_cause is not None and d.root_cause.host == host)

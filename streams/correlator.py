@@ -1,0 +1,328 @@
+"""The windowed correlator: EventBatches + scheduler events -> diagnoses (Faust worker).
+
+Run it::
+
+    FIRSTFAULT_KAFKA_BOOTSTRAP=127.0.0.1:9092 python -m firstfault.streams.correlator worker --without-web
+
+(no arguments means ``worker --without-web -l info``). Configuration is
+``StreamConfig.from_env()``; ``FIRSTFAULT_CHANGELOG_ONE_PER_BATCH=1`` sends one
+record per producer batch, the workaround for Tansu's off-by-a-few recovery
+high-water (stack.md §3); ``FIRSTFAULT_COMMIT_INTERVAL_S`` sets Faust's offset
+commit interval (default 2.8 s).
+
+Per workload attempt the state lives in a plain changelog-backed Table (JSON string
+values; windowed tables expire on wall-clock time, which would drop late evidence),
+keyed ``"<workload_id>:<attempt>"``. The decisions are :mod:`.workload_state`'s; this
+module only feeds it records and the two clocks, and publishes what it decides.
+
+Publishing is an outbox: the state that records a diagnosis as published (and holds
+it in ``pending``) is written to the changelog and flushed *before* the diagnosis is
+sent, and written again *after* every sink confirmed. A crash in between re-sends
+exactly that diagnosis (same diagnosis_id and revision) and nothing else.
+
+Table writes go straight to the store plus ``send_changelog`` with the partition kept
+in the state: Faust refuses ``table[key] = ...`` outside an agent, and the timer is
+not one. The partition is the input partition, so the table stays co-partitioned.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import base64
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import faust
+
+from firstfault.rules.catalog import Catalog, load_catalog
+from firstfault.rules.errors import RecordError
+from firstfault.schemas import DeadLetter
+from firstfault.schemas.avro import encode
+
+from .codecs import decode_batch, decode_scheduler
+from .config import StreamConfig
+from .workload_state import (
+    Now, Wake, WorkloadState, apply_scheduler, decide, expired, merge_batch, new_state, next_wake, settle,
+    state_key,
+)
+
+log = logging.getLogger("firstfault.correlator")
+
+TABLE = "workloads"
+STATS_EVERY_S = 60.0
+
+
+def _raw_topic(app: faust.App, name: str, partitions: int) -> Any:
+    return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+                     partitions=partitions)
+
+
+def _utc(ts_s: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts_s, timezone.utc) if ts_s and ts_s > 0 else None
+
+
+class Correlator:
+    """What the agents and the timer do; one asyncio lock serializes every state update."""
+
+    def __init__(self, app: faust.App, cfg: StreamConfig, catalog: Catalog, store: Any | None) -> None:
+        self.app, self.cfg, self.catalog, self.store = app, cfg, catalog, store
+        # str keys and values: JSON-serialized on the changelog, str again after recovery.
+        self.table = app.Table(TABLE, key_type=str, value_type=str, partitions=cfg.partitions,
+                               help="correlator state per workload attempt (JSON)")
+        self.events_topic = _raw_topic(app, cfg.topic("events"), cfg.partitions)
+        self.scheduler_topic = _raw_topic(app, cfg.topic("scheduler"), cfg.partitions)
+        self.out = _raw_topic(app, cfg.topic("diagnoses"), cfg.partitions)
+        self.deadletter = _raw_topic(app, cfg.topic("deadletter"), cfg.partitions)
+        self.lock = asyncio.Lock()
+        self.stream_ms = 0                       # stream time: max Kafka timestamp seen by this worker
+        self.counts: Counter[str] = Counter()
+        # key -> (the raw value it was computed from, wake, partition): the timer re-parses a
+        # state only when its value changed or it is due.
+        self._wakes: dict[str, tuple[str, Wake | None, int | None]] = {}
+        self._last_stats = 0.0
+
+    # ------------------------------------------------------------ clocks and table
+
+    def now(self) -> Now:
+        stream = datetime.fromtimestamp(self.stream_ms / 1000, timezone.utc) if self.stream_ms else None
+        return Now(wall=datetime.now(timezone.utc), stream=stream)
+
+    def _saw(self, message: Any) -> None:
+        if message.timestamp and message.timestamp > 0:
+            self.stream_ms = max(self.stream_ms, int(message.timestamp * 1000))
+
+    def _load(self, key: str) -> WorkloadState | None:
+        raw = self.table.data.get(key)
+        if raw is None:
+            return None
+        return WorkloadState.model_validate_json(raw.decode() if isinstance(raw, bytes) else raw)
+
+    def _save(self, st: WorkloadState) -> None:
+        raw = st.model_dump_json()
+        self.table.data[st.key] = raw
+        self.table.send_changelog(st.partition, st.key, raw)
+        self._wakes[st.key] = (raw, next_wake(st, self.cfg), st.partition)
+
+    def _delete(self, st: WorkloadState) -> None:
+        self.table.data.pop(st.key, None)
+        self._wakes.pop(st.key, None)
+        self.table.send_changelog(st.partition, st.key, None, value_serializer="raw")
+        self.counts["expired"] += 1
+
+    # ------------------------------------------------------------ inputs
+
+    async def on_batch(self, message: Any) -> None:
+        self._saw(message)
+        batch = decode_batch(message.value)
+        async with self.lock:
+            key = state_key(batch.workload_id, batch.attempt)
+            st = self._load(key) or new_state(batch.workload_id, batch.attempt, self.now().wall)
+            st.partition = message.partition
+            # EARLY rules and diagnose are CPU work: off the loop, so heartbeats keep flowing.
+            applied = await asyncio.to_thread(merge_batch, st, batch, self.catalog, message.offset)
+            self.counts["batches" if applied else "batches_skipped"] += 1
+            await self._step(st)
+
+    async def on_scheduler(self, message: Any) -> None:
+        self._saw(message)
+        ev = decode_scheduler(message.value)
+        async with self.lock:
+            wl = ev.workload
+            key = state_key(wl.workload_id, wl.attempt)
+            now = self.now()
+            st = self._load(key) or new_state(wl.workload_id, wl.attempt, now.wall)
+            st.partition = message.partition
+            apply_scheduler(st, ev, now.wall, record_ts=_utc(message.timestamp), seq=message.offset)
+            self.counts[f"scheduler_{ev.type}"] += 1
+            await self._step(st)
+
+    async def guarded(self, handler, message: Any) -> None:
+        """Run a handler; a record it cannot use goes to the dead-letter topic. Never raises."""
+        try:
+            await handler(message)
+        except RecordError as exc:
+            await self.dead_letter(message, str(exc))
+        except Exception as exc:  # a bug must cost one record, not the agent
+            log.exception("correlator failed on %s[%s]@%s", message.topic, message.partition, message.offset)
+            await self.dead_letter(message, f"correlator error: {type(exc).__name__}: {exc}")
+
+    async def dead_letter(self, message: Any, reason: str) -> None:
+        self.counts["deadletter"] += 1
+        log.warning("dead letter #%d from %s[%s]@%s: %s", self.counts["deadletter"], message.topic,
+                    message.partition, message.offset, reason)
+        b64 = (lambda b: base64.b64encode(b).decode() if b is not None else None)
+        dl = DeadLetter(reason=reason, stage="correlator", topic=message.topic, partition=message.partition,
+                        offset=message.offset, key_b64=b64(message.key), value_b64=b64(message.value),
+                        timestamp_ms=int(message.timestamp * 1000) if message.timestamp else None)
+        try:
+            await self.deadletter.send(key=message.key, value=dl.model_dump_json().encode())
+        except Exception:
+            log.exception("could not write the dead letter")
+
+    # ------------------------------------------------------------ decisions and publishing
+
+    async def _step(self, st: WorkloadState) -> None:
+        """Decide, then publish through the outbox. Caller holds the lock."""
+        published = await asyncio.to_thread(decide, st, self.catalog, self.now(), self.cfg)
+        self._save(st)
+        if st.pending:
+            await self._publish(st)
+        for d in published:
+            self.counts["provisional" if d.provisional else ("final" if d.revision == 0 else "revision")] += 1
+
+    async def _publish(self, st: WorkloadState) -> None:
+        try:
+            await self.app.producer.flush()      # BEFORE: the outbox is in the changelog first
+            for p in st.pending:
+                if not p.sent:
+                    fut = await self.out.send(key=st.workload_id.encode(), value=encode(p.diagnosis))
+                    await fut                    # delivered, or it raises
+                    p.sent = True
+                    d = p.diagnosis
+                    log.info("published %s rev %s%s: %s %s/%s (%s)", st.key, d.revision,
+                             " provisional" if d.provisional else "", d.status, d.domain, d.sub_domain,
+                             d.diagnosis_id)
+                if self.store is not None and not p.stored:
+                    await asyncio.to_thread(self.store.save, p.diagnosis, ended_at=st.end_time)
+                    p.stored = True
+        except Exception as exc:                 # Kafka or the store is down: the timer retries
+            self.counts["publish_errors"] += 1
+            log.warning("publishing %s failed, will retry: %s", st.key, exc)
+        settle(st, has_store=self.store is not None)
+        self._save(st)                           # AFTER: what was confirmed leaves the outbox
+
+    # ------------------------------------------------------------ the timer
+
+    def _ready(self) -> bool:
+        return not getattr(self.app, "rebalancing", False) and not getattr(self.app, "in_recovery", False)
+
+    def _active_partitions(self) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == self.events_topic.get_topic_name()}
+
+    def _wake(self, key: str, raw: Any) -> tuple[Wake | None, int | None]:
+        cached = self._wakes.get(key)
+        if cached is not None and cached[0] is raw:
+            return cached[1], cached[2]
+        st = WorkloadState.model_validate_json(raw.decode() if isinstance(raw, bytes) else raw)
+        wake = next_wake(st, self.cfg)
+        self._wakes[key] = (raw, wake, st.partition)
+        return wake, st.partition
+
+    async def tick(self) -> None:
+        """Finalize, revise-close, re-send pending and expire the states that are due."""
+        if not self._ready():
+            return
+        active = self._active_partitions()
+        now = self.now()
+        for key, raw in list(self.table.data.items()):
+            wake, partition = self._wake(key, raw)
+            if wake is None or partition not in active or not wake.due(now):
+                continue
+            async with self.lock:
+                st = self._load(key)
+                if st is None:
+                    continue
+                now = self.now()
+                if expired(st, now.wall, self.cfg):
+                    self._delete(st)
+                else:
+                    await self._step(st)
+        for key in set(self._wakes) - set(self.table.data.keys()):
+            del self._wakes[key]
+        self._log_stats()
+
+    def _log_stats(self) -> None:
+        loop_now = asyncio.get_running_loop().time()
+        if loop_now - self._last_stats >= STATS_EVERY_S:
+            self._last_stats = loop_now
+            log.info("correlator: %d attempts in state, stream time %s, %s", len(self.table.data),
+                     self.now().stream, dict(sorted(self.counts.items())))
+
+
+def _faust_settings(cfg: StreamConfig) -> dict[str, Any]:
+    datadir = tempfile.mkdtemp(prefix=f"{cfg.app_id}-")
+    atexit.register(shutil.rmtree, datadir, ignore_errors=True)
+    settings: dict[str, Any] = dict(
+        broker=[f"kafka://{h.strip()}" for h in (cfg.bootstrap or "").split(",") if h.strip()],
+        store="memory://",
+        processing_guarantee="at_least_once",        # Tansu cannot do exactly_once (stack.md §1)
+        broker_session_timeout=2.0, broker_heartbeat_interval=0.5,
+        topic_replication_factor=1, topic_partitions=cfg.partitions,
+        consumer_auto_offset_reset="earliest",
+        datadir=datadir, web_enabled=False, autodiscover=False,
+    )
+    if os.environ.get("FIRSTFAULT_COMMIT_INTERVAL_S"):
+        # How much input a crash may redeliver (Faust's default: 2.8 s); redelivery is deduplicated.
+        settings["broker_commit_interval"] = float(os.environ["FIRSTFAULT_COMMIT_INTERVAL_S"])
+    if os.environ.get("FIRSTFAULT_CHANGELOG_ONE_PER_BATCH", "").strip().lower() in ("1", "true", "yes"):
+        # aiokafka's max_batch_size is in bytes: 1 means one record per batch, so Tansu's
+        # ListOffsets error cannot hide the last changelog records from recovery.
+        settings["producer_max_batch_size"] = 1
+    return settings
+
+
+def make_app(cfg: StreamConfig, store: Any | None = None, tick_s: float = 1.0) -> faust.App:
+    """The correlator app. ``store``: a DiagnosisStore; by default one on ``cfg.redis_url`` if set.
+
+    Creates no topics: run :func:`firstfault.streams.kafka.ensure_topics` first (``main`` does).
+    """
+    if not cfg.bootstrap:
+        raise ValueError("the correlator needs a broker: set FIRSTFAULT_KAFKA_BOOTSTRAP")
+    if store is None and cfg.redis_url:
+        from firstfault.connectors.sinks.redis_store import DiagnosisStore
+
+        store = DiagnosisStore(cfg.redis_url, prefix=cfg.prefix)
+    app = faust.App(cfg.app_id, **_faust_settings(cfg))
+    core = Correlator(app, cfg, load_catalog(cfg.rules), store)
+    app.correlator = core                                     # for tests and operators
+
+    @app.agent(core.events_topic, name="correlate-events")
+    async def correlate_events(stream) -> None:
+        async for event in stream.events():
+            await core.guarded(core.on_batch, event.message)
+
+    @app.agent(core.scheduler_topic, name="correlate-scheduler")
+    async def correlate_scheduler(stream) -> None:
+        async for event in stream.events():
+            await core.guarded(core.on_scheduler, event.message)
+
+    @app.timer(interval=tick_s, name="correlate-timer")
+    async def correlate_timer() -> None:
+        try:
+            await core.tick()
+        except Exception:                                     # the timer must keep ticking
+            log.exception("correlator timer failed")
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m firstfault.streams.correlator [worker --without-web ...]`` with FIRSTFAULT_* config."""
+    from .kafka import ensure_topics
+
+    args = list(sys.argv[1:] if argv is None else argv) or ["worker"]
+    if args[0] == "worker":
+        if "--without-web" not in args:
+            args.append("--without-web")             # else it binds :6066 and a second worker dies
+        if not any(a in ("-l", "--loglevel") or a.startswith("--loglevel=") for a in args):
+            args += ["-l", "info"]
+    cfg = StreamConfig.from_env()
+    if not cfg.bootstrap:
+        print("firstfault correlator: set FIRSTFAULT_KAFKA_BOOTSTRAP (host:port[,host:port])", file=sys.stderr)
+        return 2
+    ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter")])
+    app = make_app(cfg)
+    sys.argv = ["firstfault-correlator", *args]
+    app.main()                                        # Faust's CLI; exits the process
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,255 @@
+"""Reading a topic as a tool, not as a group member; and ``firstfault diagnoses``.
+
+``TopicReader`` assigns every partition (no consumer group, nothing committed),
+seeks to a time when asked, filters on record timestamps and decides when it is
+done. Where the broker's offsets are right (Apache Kafka) it seeks with
+``offsets_for_times`` and stops at partition EOF. On Tansu both are wrong
+(stack.md §1): it starts from the Redis offset index (or the beginning) and stops
+after an idle timeout. ``FIRSTFAULT_TIME_INDEX=offsets|scan`` overrides the guess.
+
+    firstfault diagnoses [--follow] [--json] [--since ISO|30m|2d]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, TopicPartition
+
+from firstfault.connectors.sinks.offset_index import OffsetIndex
+from firstfault.schemas import Diagnosis
+from firstfault.schemas.avro import decode
+
+from . import kafka
+from .config import StreamConfig
+
+Mode = Literal["offsets", "scan"]
+TANSU_CLUSTER_ID = "tansu_cluster"
+SKEW_MS = 60_000          # records up to this far past `until` do not end a partition (producer clocks, batching)
+_REL = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+# ---------------------------------------------------------------- time
+def parse_time(text: str, now: datetime | None = None) -> int:
+    """ISO-8601 (zone-less = UTC), ``now``, or an age such as ``90m`` / ``30d`` -> epoch ms."""
+    now = now or datetime.now(timezone.utc)
+    s = text.strip()
+    if s == "now":
+        return int(now.timestamp() * 1000)
+    if m := _REL.match(s):
+        return int((now - timedelta(seconds=float(m[1]) * _UNIT_S[m[2]])).timestamp() * 1000)
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO-8601, 'now', or an age like 30m, 2d)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1000)
+
+
+def iso_ms(ms: int | None) -> str:
+    if ms is None or ms <= 0:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+# ---------------------------------------------------------------- broker kind
+def time_index_mode(cfg: StreamConfig, env: Mapping[str, str] | None = None, consumer: Consumer | None = None) -> Mode:
+    """'offsets' when the broker's time index and end offsets can be trusted, else 'scan'."""
+    env = os.environ if env is None else env
+    override = env.get("FIRSTFAULT_TIME_INDEX", "").strip().lower()
+    if override in ("offsets", "scan"):
+        return override  # type: ignore[return-value]
+    c = consumer or kafka.consumer(cfg, group=f"{cfg.prefix}probe-{uuid.uuid4().hex[:8]}")
+    try:
+        cluster_id = c.list_topics(timeout=10).cluster_id
+    finally:
+        if consumer is None:
+            c.close()
+    return "scan" if cluster_id == TANSU_CLUSTER_ID else "offsets"
+
+
+# ---------------------------------------------------------------- reader
+class TopicReader:
+    """Every partition of one topic, from a time or the beginning, until done (or forever)."""
+
+    def __init__(self, cfg: StreamConfig, topic: str, *, since_ms: int | None = None, until_ms: int | None = None,
+                 follow: bool = False, idle_s: float = 2.0, mode: Mode | None = None,
+                 index: OffsetIndex | None = None, on_record: Callable[[int], None] | None = None) -> None:
+        self.cfg, self.topic = cfg, topic
+        self.since_ms, self.until_ms = since_ms, until_ms
+        self.follow, self.idle_s = follow, idle_s
+        self.index = index
+        self.on_record = on_record
+        self.read = 0            # messages fetched, before any filtering
+        self._stop = False
+        # EOF events are only believed in 'offsets' mode (Tansu's end offsets are wrong).
+        self.consumer = kafka.consumer(cfg, group=f"{cfg.prefix}reader-{uuid.uuid4().hex[:8]}",
+                                       **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
+        self.mode: Mode = mode or time_index_mode(cfg, consumer=self.consumer)
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def partitions(self, wait: bool = False) -> list[int]:
+        while True:
+            meta = self.consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if meta is not None and meta.error is None and meta.partitions:
+                return sorted(meta.partitions)
+            if not wait or self._stop:
+                return []
+            time.sleep(1.0)
+
+    def start_offsets(self, parts: list[int]) -> dict[int, int]:
+        if self.since_ms is None:
+            return {p: OFFSET_BEGINNING for p in parts}
+        if self.mode == "offsets":
+            found = self.consumer.offsets_for_times([TopicPartition(self.topic, p, self.since_ms) for p in parts],
+                                                    timeout=10)
+            # -1: nothing stamped at or after `since` in that partition yet.
+            return {tp.partition: (tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found}
+        noted = self.index.start_offsets(self.topic, self.since_ms) if self.index else {}
+        return {p: noted.get(p, 0) for p in parts}
+
+    def __iter__(self) -> Iterator[Message]:
+        parts = self.partitions(wait=self.follow)
+        if not parts:
+            return
+        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.start_offsets(parts).items()])
+        done: set[int] = set()           # EOF reached (offsets mode) or past `until`
+        stop_after = self.until_ms + SKEW_MS if self.until_ms is not None else None
+        # Kafka mode ends on EOF; the idle limit there only guards against a partition that never answers.
+        idle = self.idle_s if self.mode == "scan" else max(10.0, 5 * self.idle_s)
+        last = time.monotonic()
+        try:
+            while not self._stop:
+                msgs = self.consumer.consume(num_messages=1000, timeout=0.2)
+                now = time.monotonic()
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            if self.mode == "offsets":
+                                done.add(m.partition())
+                        else:
+                            print(f"firstfault: {self.topic}: {err}", file=sys.stderr)
+                        continue
+                    last = now
+                    self.read += 1
+                    ts_type, ts = m.timestamp()
+                    ts = ts if ts_type else None
+                    if self.on_record is not None and ts is not None:
+                        self.on_record(ts)
+                    if ts is not None and self.since_ms is not None and ts < self.since_ms:
+                        continue
+                    if ts is not None and self.until_ms is not None and ts >= self.until_ms:
+                        if not self.follow and stop_after is not None and ts > stop_after:
+                            done.add(m.partition())
+                            self.consumer.pause([TopicPartition(self.topic, m.partition())])
+                        continue
+                    if self.mode == "offsets":
+                        done.discard(m.partition())
+                    yield m
+                if self.follow:
+                    continue
+                if len(done) >= len(parts) or now - last >= idle:
+                    return
+        finally:
+            self.consumer.close()
+
+
+# ---------------------------------------------------------------- diagnoses
+def decode_diagnosis(value: bytes | None) -> Diagnosis | None:
+    """Avro Diagnosis, else None (tombstones and foreign records are skipped, not fatal)."""
+    if not value:
+        return None
+    try:
+        rec = decode(value)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, Diagnosis) else None
+
+
+def summary_line(d: Diagnosis, published_ms: int | None = None) -> str:
+    """One readable line: when, which attempt, which revision, the verdict and whom it blames."""
+    rev = "-" if d.revision is None else str(d.revision)
+    phase = "provisional" if d.provisional else "final"
+    where = f"{d.domain}/{d.sub_domain}"
+    blame = f"responsible {','.join(d.responsible_nodes)}" if d.responsible_nodes else "responsible -"
+    if d.suspect_nodes:
+        blame += f"  suspect {','.join(d.suspect_nodes)}"
+    stamp = f"{iso_ms(published_ms)}  " if published_ms else ""
+    return (f"{stamp}{d.workload_id}#{d.attempt}  rev {rev} {phase:<11}  {d.status.upper():<12}  "
+            f"{where:<40}  {blame}")
+
+
+def cmd_diagnoses(args: argparse.Namespace) -> int:
+    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=getattr(args, "redis_url", None))
+    if not cfg.bootstrap:
+        print("firstfault: no broker: set FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap "
+              "(`firstfault up` prints it)", file=sys.stderr)
+        return 2
+    topic = cfg.topic("diagnoses")
+    index = OffsetIndex(cfg.redis_url, cfg.prefix) if cfg.redis_url else None
+    reader = TopicReader(cfg, topic, since_ms=args.since, follow=args.follow, idle_s=args.idle, index=index)
+    if not reader.follow and not reader.partitions():
+        print(f"firstfault: topic {topic} does not exist (is the pipeline up?)", file=sys.stderr)
+        return 0
+    skipped = 0
+    try:
+        for m in reader:
+            d = decode_diagnosis(m.value())
+            if d is None:
+                skipped += 1
+                continue
+            if args.json:
+                line = json.dumps(d.to_dict(), sort_keys=True, ensure_ascii=False)
+            else:
+                ts_type, ts = m.timestamp()
+                line = summary_line(d, ts if ts_type else None)
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        reader.stop()          # Ctrl-C is how --follow ends: not an error
+    if skipped:
+        print(f"firstfault: skipped {skipped} record(s) on {topic} that are not Avro diagnoses", file=sys.stderr)
+    return 0
+
+
+def add_connection_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (FIRSTFAULT_KAFKA_BOOTSTRAP)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (FIRSTFAULT_REDIS_URL)")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("diagnoses", help="read the diagnoses topic")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new diagnoses until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="one diagnosis object per line")
+    p.add_argument("--since", type=parse_time, default=None,
+                   help="only those published at or after this time (ISO-8601, or an age: 30m, 2d)")
+    p.add_argument("--idle", type=float, default=2.0,
+                   help="without --follow: stop after this many seconds with nothing new (default 2)")
+    add_connection_flags(p)
+    p.set_defaults(fn=cmd_diagnoses)
+
+
+def main(argv: list[str] | None = None, command: str = "diagnoses") -> int:
+    """``python -m firstfault.streams.follow ...`` = ``firstfault diagnoses ...`` (before and besides the CLI)."""
+    parser = argparse.ArgumentParser(prog="firstfault")
+    subs = parser.add_subparsers(dest="command", required=True)
+    register(subs)
+    args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,429 @@
+"""``firstfault up``: the whole streaming pipeline in the foreground; ``firstfault topology``.
+
+``up`` starts the embedded Tansu broker when no FIRSTFAULT_KAFKA_BOOTSTRAP is set,
+creates the topics, runs the extractor worker(s) and one correlator as child
+processes configured through FIRSTFAULT_* variables, restarts a worker that dies
+(with backoff) and, on Ctrl-C or SIGTERM, stops them one at a time (upstream first,
+so what the extractors flushed can still be read) and then the broker.
+
+Every child runs in its own session: a Ctrl-C at the terminal reaches only ``up``,
+which then stops the group members one by one. (Tansu wedges a consumer group when
+members leave together, stack.md §1, and the broker must outlive the workers.) A
+child also gets SIGTERM if ``up`` itself dies, so nothing is orphaned.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from . import broker as broker_mod
+from . import kafka
+from .broker import EmbeddedBroker
+from .config import StreamConfig
+
+log = logging.getLogger("firstfault.up")
+
+# StreamConfig field -> FIRSTFAULT_ variable (the inverse of StreamConfig.from_env).
+ENV_NAMES = {
+    "bootstrap": "KAFKA_BOOTSTRAP", "redis_url": "REDIS_URL", "prefix": "TOPIC_PREFIX", "rules": "RULES",
+    "partitions": "PARTITIONS", "grace_s": "GRACE_S", "grace_cap_s": "GRACE_CAP_S", "lateness_s": "LATENESS_S",
+    "hold_s": "HOLD_S", "hold_max": "HOLD_MAX", "batch": "BATCH", "app_id": "APP_ID",
+    "extractor_group": "EXTRACTOR_GROUP",
+}
+RESTART_RESET_S = 60.0        # a worker that ran this long starts its backoff afresh
+MAX_BACKOFF_S = 30.0
+
+
+# ---------------------------------------------------------------- topology
+class TopicInfo(BaseModel):
+    name: str
+    logical: str
+    partitions: int
+    key: str
+    value: str
+    producers: list[str]
+    consumers: list[str]
+
+
+class WorkerInfo(BaseModel):
+    name: str
+    kind: Literal["worker", "command"]
+    instances: int
+    command: str
+    group: str | None
+    inputs: list[str]
+    outputs: list[str]
+    stores: list[str]
+
+
+class Topology(BaseModel):
+    bootstrap: str
+    prefix: str
+    redis: str
+    topics: list[TopicInfo]
+    workers: list[WorkerInfo]
+
+
+# logical topic -> (key, value)
+_TOPIC_SHAPES = {
+    "raw": ("host", "Avro RawLine, JSON (Fluent Bit / Vector / rsyslog) or plain text"),
+    "scheduler": ("workload_id", "Avro SchedulerEvent (start, end) or its JSON"),
+    "events": ("workload_id", "Avro EventBatch: one workload attempt's merged events"),
+    "diagnoses": ("workload_id", "Avro Diagnosis (revision, provisional)"),
+    "deadletter": ("the refused record's key", "JSON DeadLetter: reason, stage, origin, original bytes"),
+    "node-history": ("host", "node-scoped lines no workload attempt claimed"),
+    "diagnoses-replay": ("workload_id", "Avro Diagnosis from `firstfault replay`"),
+}
+
+
+def describe(cfg: StreamConfig, extractors: int = 1) -> Topology:
+    """The pipeline as configured (the Kafka Streams ``Topology.describe()`` idea)."""
+    redis = cfg.redis_url or "none: the correlator keeps diagnoses in process memory"
+    workers = [
+        WorkerInfo(name="extractor", kind="worker", instances=extractors, command="python -m firstfault.streams.extractor",
+                   group=cfg.extractor_group, inputs=["raw (group)", "scheduler (every partition, no group)"],
+                   outputs=["events", "deadletter"],
+                   stores=["allocation timeline (memory, rebuilt from the scheduler topic)",
+                           f"held lines waiting for their workload (memory, <= {cfg.hold_max} for {cfg.hold_s:g}s)",
+                           "last lines per file for stamp inheritance (memory)"]),
+        WorkerInfo(name="correlator", kind="worker", instances=1, command="python -m firstfault.streams.correlator",
+                   group=cfg.app_id, inputs=["events", "scheduler"], outputs=["diagnoses", "deadletter"],
+                   stores=["workload state per '<workload_id>:<attempt>' (Faust table, changelog topic)",
+                           f"diagnoses store ({'Redis ' + cfg.redis_url if cfg.redis_url else 'in-process'})"]),
+        WorkerInfo(name="ship", kind="command", instances=1, command="firstfault ship PATH", group=None,
+                   inputs=["a bundle"], outputs=["scheduler", "raw"], stores=[]),
+        WorkerInfo(name="diagnoses", kind="command", instances=1, command="firstfault diagnoses [--follow]",
+                   group=None, inputs=["diagnoses (every partition, no group)"], outputs=["stdout"], stores=[]),
+        WorkerInfo(name="replay", kind="command", instances=1, command="firstfault replay --since T --until T",
+                   group=None, inputs=["scheduler", "raw", "diagnoses (--diff)"], outputs=["diagnoses-replay"],
+                   stores=[f"offset index by hour ({'Redis' if cfg.redis_url else 'none: scans from the start'})"]),
+    ]
+    topics = []
+    for logical, name in cfg.topics.items():
+        key, value = _TOPIC_SHAPES.get(logical, ("-", "-"))
+        topics.append(TopicInfo(
+            name=name, logical=logical, partitions=cfg.partitions, key=key, value=value,
+            producers=[w.name for w in workers if any(o.split(" ")[0] == logical for o in w.outputs)],
+            consumers=[w.name for w in workers if any(i.split(" ")[0] == logical for i in w.inputs)]))
+    return Topology(bootstrap=cfg.bootstrap or "embedded Tansu (started by `firstfault up`)", prefix=cfg.prefix,
+                    redis=redis, topics=topics, workers=workers)
+
+
+def render_topology(t: Topology) -> str:
+    out = [f"bootstrap  {t.bootstrap}", f"redis      {t.redis}", "", "Topics"]
+    for tp in t.topics:
+        out.append(f"  {tp.name}  ({tp.partitions} partitions, key {tp.key})")
+        out.append(f"      {tp.value}")
+        out.append(f"      producers: {', '.join(tp.producers) or '-'}   consumers: {', '.join(tp.consumers) or '-'}")
+    out += ["", "Workers and commands"]
+    for w in t.workers:
+        n = f" x{w.instances}" if w.kind == "worker" else ""
+        out.append(f"  {w.name}{n}  [{w.command}]" + (f"  group {w.group}" if w.group else ""))
+        out.append(f"      in:  {', '.join(w.inputs)}")
+        out.append(f"      out: {', '.join(w.outputs)}")
+        for s in w.stores:
+            out.append(f"      store: {s}")
+    return "\n".join(out)
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, partitions=args.partitions)
+    topo = describe(cfg, args.extractors)
+    sys.stdout.write((topo.model_dump_json(indent=2) if args.json else render_topology(topo)) + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------- children
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):      # not Linux
+    _prctl = None
+
+
+def _child_setup() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux), so a killed `up` leaves no orphans."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def spawn_kwargs() -> dict:
+    return {"start_new_session": True, "preexec_fn": _child_setup}
+
+
+class _SessionPopen:
+    """``subprocess`` as seen by broker.py while ``up`` starts it: Popen gets its own session.
+
+    Needed until EmbeddedBroker takes that option itself: otherwise a terminal Ctrl-C
+    kills the broker at the same instant as ``up`` and the workers stop against no broker.
+    """
+
+    def __getattr__(self, name: str):
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(*args, **kwargs):  # noqa: N802 - mirrors subprocess.Popen
+        return subprocess.Popen(*args, **{**spawn_kwargs(), **kwargs})
+
+
+@contextmanager
+def _broker_in_own_session():
+    saved = broker_mod.subprocess
+    broker_mod.subprocess = _SessionPopen()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        broker_mod.subprocess = saved
+
+
+def worker_env(cfg: StreamConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment with every FIRSTFAULT_ setting made explicit from ``cfg``."""
+    env = dict(os.environ if base is None else base)
+    for fname, var in ENV_NAMES.items():
+        value = getattr(cfg, fname)
+        if value is None:
+            env.pop(f"FIRSTFAULT_{var}", None)
+        else:
+            env[f"FIRSTFAULT_{var}"] = str(value)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass
+class Worker:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    restarts: int = 0
+    failures: int = 0                  # consecutive short runs, for the backoff
+    not_before: float = 0.0
+
+    def start(self) -> None:
+        # Worker logs go to our stderr: stdout stays for `up`'s own report.
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                     stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(), **spawn_kwargs())
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float, hurry: Callable[[], bool] = lambda: False) -> tuple[int | None, bool]:
+        """SIGTERM, wait, SIGKILL on timeout or when told to hurry; returns (exit code, killed?)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return (self.proc.returncode if self.proc else None), False
+        self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            if hurry() or time.monotonic() >= deadline:
+                self.proc.kill()
+                return self.proc.wait(), True
+            time.sleep(0.05)
+        return self.proc.returncode, False
+
+
+class Supervisor:
+    """Runs the workers; restarts one that exits on its own; stops them in order."""
+
+    def __init__(self, workers: list[Worker], stop_timeout: float = 15.0) -> None:
+        self.workers = workers
+        self.stop_timeout = stop_timeout
+        self.stopping = False
+        self.hurry = False
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+            log.info("started %s (pid %s)", w.name, w.pid)
+
+    def check(self) -> None:
+        now = time.monotonic()
+        for w in self.workers:
+            if self.stopping or w.proc is None:
+                return
+            if w.proc.poll() is None:
+                continue
+            if w.not_before == 0.0:            # just noticed the exit: log it and schedule the restart
+                ran = now - w.started
+                w.failures = 1 if ran >= RESTART_RESET_S else w.failures + 1
+                delay = min(MAX_BACKOFF_S, 2.0 ** (w.failures - 1))
+                w.not_before = now + delay
+                log.warning("%s (pid %s) exited with code %s after %.1fs; restarting in %.0fs",
+                            w.name, w.pid, w.proc.returncode, ran, delay)
+            elif now >= w.not_before:
+                w.not_before = 0.0
+                w.restarts += 1
+                w.start()
+                log.info("restarted %s (pid %s, restart %d)", w.name, w.pid, w.restarts)
+
+    def stop(self) -> bool:
+        """Stop workers one at a time, in list order; True if all exited on SIGTERM."""
+        self.stopping = True
+        clean = True
+        for w in self.workers:
+            if not w.alive():
+                continue
+            t0 = time.monotonic()
+            rc, killed = w.stop(self.stop_timeout, hurry=lambda: self.hurry)
+            clean &= not killed
+            log.info("stopped %s (pid %s): exit %s in %.1fs%s", w.name, w.pid, rc, time.monotonic() - t0,
+                     " (killed)" if killed else "")
+        return clean
+
+
+# ---------------------------------------------------------------- up
+def _try_commands(cfg: StreamConfig, embedded: bool) -> list[str]:
+    env = f"FIRSTFAULT_KAFKA_BOOTSTRAP={cfg.bootstrap}"
+    if cfg.prefix != StreamConfig.model_fields["prefix"].default:
+        env += f" FIRSTFAULT_TOPIC_PREFIX={cfg.prefix}"
+    sample = "samples/worked-example" if Path("samples/worked-example").is_dir() else "PATH/TO/BUNDLE"
+    return [f"{env} firstfault ship {sample}", f"{env} firstfault diagnoses --follow"]
+
+
+def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worker], rundir: str) -> str:
+    embedded = broker is not None
+    kind = (f"embedded Tansu pid {broker.proc.pid if broker.proc else '?'}, in-memory: nothing survives a restart"
+            if broker is not None else "external")
+    lines = [f"firstfault up: broker {cfg.bootstrap} ({kind})"]
+    for logical, name in cfg.topics.items():
+        lines.append(f"  topic   {name:<40} {cfg.partitions} partitions")
+    if cfg.redis_url:
+        lines.append(f"  redis   {cfg.redis_url} (diagnoses store, offset index)")
+    else:
+        lines.append("  redis   none (FIRSTFAULT_REDIS_URL unset): diagnoses live in the correlator's memory "
+                     "and are lost when it stops; replay scans topics from the start")
+    for w in workers:
+        lines.append(f"  worker  {w.name:<14} pid {w.pid}")
+    lines.append(f"  logs    workers on stderr; run directory {rundir}")
+    lines.append("  try:")
+    lines += [f"    {c}" for c in _try_commands(cfg, embedded)]
+    lines.append("ready (Ctrl-C to stop)")
+    return "\n".join(lines)
+
+
+def make_workers(cfg: StreamConfig, extractors: int, rundir: str) -> list[Worker]:
+    env = worker_env(cfg)
+    py = sys.executable
+    ws = [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir)
+          for i in range(extractors)]
+    ws.append(Worker("correlator", [py, "-m", "firstfault.streams.correlator"], env, rundir))
+    return ws
+
+
+def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0) -> int:
+    rundir = tempfile.mkdtemp(prefix="firstfault-up-")
+    if cfg.rules:             # workers run in the run directory: a relative rules path must survive that
+        cfg = cfg.model_copy(update={"rules": str(Path(cfg.rules).resolve())})
+    sup: Supervisor | None = None
+    signals = {"count": 0}
+
+    def on_signal(signum, _frame) -> None:
+        signals["count"] += 1
+        if sup is not None:
+            sup.stopping = True
+            sup.hurry = signals["count"] > 1
+        if signals["count"] == 1:
+            log.info("%s: stopping (again to kill)", signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    broker: EmbeddedBroker | None = None
+    rc = 0
+    try:
+        if not cfg.bootstrap:
+            broker = EmbeddedBroker(log_path=Path(rundir) / "tansu.log")
+            with _broker_in_own_session():
+                cfg = cfg.model_copy(update={"bootstrap": broker.start()})
+            log.info("embedded broker on %s (pid %s)", cfg.bootstrap, broker.proc.pid if broker.proc else "?")
+        created = kafka.ensure_topics(cfg)
+        log.info("topics: %d created, %d already there", len(created), len(cfg.topics) - len(created))
+        sup = Supervisor(make_workers(cfg, extractors, rundir), stop_timeout)
+        if signals["count"]:
+            sup.stopping = True
+        else:
+            sup.start()
+            print(banner(cfg, broker, sup.workers, rundir), flush=True)
+        while not sup.stopping:
+            if broker is not None and broker.proc is not None and broker.proc.poll() is not None:
+                log.error("the embedded broker exited (code %s); its in-memory topics are gone: stopping "
+                          "(see %s)", broker.proc.returncode, Path(rundir) / "tansu.log")
+                rc = 1
+                break
+            sup.check()
+            time.sleep(0.2)
+        if not sup.stop():
+            log.warning("some workers had to be killed")
+    finally:
+        if sup is not None and not sup.stopping:
+            sup.stop()
+        if broker is not None:
+            if broker.proc is not None and broker.proc.poll() is not None:
+                log.warning("the broker had already exited (code %s) before the workers stopped",
+                            broker.proc.returncode)
+            broker.stop()
+            log.info("broker stopped")
+        for s, h in old.items():
+            signal.signal(s, h)
+    if rc == 0:
+        shutil.rmtree(rundir, ignore_errors=True)
+    return rc
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s up %(levelname)s %(message)s")
+    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, partitions=args.partitions)
+    return run_up(cfg, extractors=args.extractors, stop_timeout=args.stop_timeout)
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("up", help="run the whole streaming pipeline in the foreground")
+    p.add_argument("--bootstrap", default=None,
+                   help="Kafka bootstrap servers (FIRSTFAULT_KAFKA_BOOTSTRAP); none: start the embedded broker")
+    p.add_argument("--redis-url", default=None, help="Redis URL (FIRSTFAULT_REDIS_URL); none: in-process store")
+    p.add_argument("--extractors", type=_positive, default=1, help="extractor worker processes (default 1)")
+    p.add_argument("--partitions", type=_positive, default=None,
+                   help="partitions of the topics it creates (FIRSTFAULT_PARTITIONS, default 4)")
+    p.add_argument("--stop-timeout", type=float, default=15.0, help="seconds a worker gets to stop before SIGKILL")
+    p.set_defaults(fn=cmd_up)
+
+    t = subparsers.add_parser("topology", help="print the pipeline as configured: topics, workers, stores")
+    t.add_argument("--json", action="store_true")
+    t.add_argument("--bootstrap", default=None)
+    t.add_argument("--redis-url", default=None)
+    t.add_argument("--extractors", type=_positive, default=1)
+    t.add_argument("--partitions", type=_positive, default=None)
+    t.set_defaults(fn=cmd_topology)
+
+
+if __name__ == "__main__":        # python -m firstfault.streams.up  (same as `firstfault up`)
+    _p = argparse.ArgumentParser(prog="firstfault")
+    register(_p.add_subparsers(dest="command", required=True))
+    _a = _p.parse_args(["up", *sys.argv[1:]])
+    raise SystemExit(_a.fn(_a))

@@ -1,0 +1,338 @@
+"""The correlator's per-attempt state and its decisions. Pure: no Faust, no Kafka, no I/O.
+
+One ``WorkloadState`` per workload attempt (table key ``"<workload_id>:<attempt>"``):
+the scheduler record, when the attempt ended, its events merged by signature (the
+same order-free merge as the offline path, so memory grows with distinct signatures,
+not lines), the bundle paths that contributed lines, and what was published.
+
+Lifecycle, driven by :func:`decide`:
+
+* running: a batch with an event the EARLY rules tag as a strong root triggers a
+  diagnosis against the start record; if FINAL already attributes it, a
+  ``provisional`` diagnosis (revision 0) goes out, at most once per distinct result;
+* ended: after the grace (:func:`due_for_final`) the final diagnosis (revision 0);
+* late evidence within ``lateness_s`` of the end: a revision (+1) only when the
+  *result* changed (:func:`result_hash`), not merely the evidence;
+* past the lateness horizon the state is closed (events dropped, a small tombstone
+  kept so stragglers and redelivered records are ignored) and later expires.
+
+Every diagnosis to publish is appended to ``pending`` (an outbox) in the same state
+update that records it as published, so a worker that stores the state before
+sending re-sends at most that same content after a crash, never a different one.
+
+Functions mutate the state they are given and return what the caller needs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from firstfault.rules.catalog import Catalog
+from firstfault.rules.diagnose import diagnose
+from firstfault.rules.early import run_early
+from firstfault.rules.engine import inventory_from_paths
+from firstfault.rules.model import Ev
+from firstfault.schemas import Diagnosis, Event, EventBatch, SchedulerEvent, WorkloadRecord
+
+from .config import StreamConfig
+
+MAX_PROVISIONAL = 16          # distinct provisional results per attempt: a guard against a flapping cascade
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class Published(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    diagnosis_id: str
+    revision: int
+    provisional: bool
+    result: str = Field(description="result_hash of the diagnosis")
+
+
+class Pending(BaseModel):
+    """A diagnosis recorded as published but not yet confirmed by every sink."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    diagnosis: Diagnosis
+    sent: bool = Field(default=False, description="delivered to the diagnoses topic")
+    stored: bool = Field(default=False, description="saved in the diagnosis store")
+
+
+class WorkloadState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workload_id: str
+    attempt: int = 0
+    partition: int | None = Field(default=None, description="input partition: where the table entry lives")
+    first_seen: datetime
+    workload: WorkloadRecord | None = None
+    ended: bool = False
+    end_time: datetime | None = Field(default=None, description="event time: the end record's end_time")
+    end_record_ts: datetime | None = Field(default=None, description="the end record's Kafka timestamp")
+    end_seen: datetime | None = Field(default=None, description="processing time: wall clock at the end event")
+    events: dict[str, Event] = Field(default_factory=dict, description="by signature")
+    paths: list[str] = Field(default_factory=list)
+    offsets: dict[str, int] = Field(default_factory=dict, description="highest input offset applied, per topic")
+    root_arrived: bool = Field(default=False, description="a strong root arrived since the last provisional check")
+    dirty: bool = Field(default=False, description="evidence changed since the last final or revision")
+    provisional: list[Published] = Field(default_factory=list)
+    published: Published | None = Field(default=None, description="the last final or revised diagnosis")
+    pending: list[Pending] = Field(default_factory=list)
+    closed_at: datetime | None = None
+    dropped: int = Field(default=0, description="batches refused after the lateness horizon")
+
+    @property
+    def key(self) -> str:
+        return state_key(self.workload_id, self.attempt)
+
+
+@dataclass(frozen=True)
+class Now:
+    """The two clocks: stream time (max Kafka timestamp seen; None before any) and the wall clock."""
+
+    wall: datetime
+    stream: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Wake:
+    """When a state next needs the timer: once stream time reaches ``stream`` or the wall clock ``wall``."""
+
+    stream: datetime | None
+    wall: datetime | None
+
+    def due(self, now: Now) -> bool:
+        return ((self.stream is not None and now.stream is not None and now.stream >= self.stream)
+                or (self.wall is not None and now.wall >= self.wall))
+
+
+def state_key(workload_id: str, attempt: int) -> str:
+    return f"{workload_id}:{attempt}"
+
+
+def new_state(workload_id: str, attempt: int, wall_now: datetime, partition: int | None = None) -> WorkloadState:
+    return WorkloadState(workload_id=workload_id, attempt=attempt, first_seen=wall_now, partition=partition)
+
+
+def _redelivered(state: WorkloadState, topic: str, seq: int | None) -> bool:
+    """At least once: a record at or below the highest offset applied was applied already.
+
+    A workload's records share one partition per topic (keyed by workload_id), so
+    offsets only grow; without this a redelivered batch would double its counts.
+    """
+    if seq is None:
+        return False
+    if seq <= state.offsets.get(topic, -1):
+        return True
+    state.offsets[topic] = seq
+    return False
+
+
+# ---------------------------------------------------------------- inputs
+
+def apply_scheduler(state: WorkloadState, ev: SchedulerEvent, wall_now: datetime,
+                    record_ts: datetime | None = None, seq: int | None = None) -> bool:
+    """Apply a start or end event; True when the state changed."""
+    if _redelivered(state, "scheduler", seq) or state.closed_at is not None:
+        return False
+    wl = ev.workload
+    if ev.type == "start":
+        if state.ended:
+            return False                    # a start that overtook nothing: the end already came
+        changed = state.workload is None or state.workload.canonical() != wl.canonical()
+        state.workload = wl
+        return changed
+    if state.ended:
+        if state.workload is not None and state.workload.canonical() == wl.canonical():
+            return False
+        state.workload = wl                 # a corrected end record: may revise, keeps the timing
+        state.dirty = True
+        return True
+    state.workload = wl
+    state.ended = True
+    state.end_time = wl.end_time or ev.ts
+    state.end_record_ts = record_ts
+    state.end_seen = wall_now
+    state.dirty = True
+    return True
+
+
+def strong_root_signatures(events: list[Event], catalog: Catalog) -> set[str]:
+    """Signatures of the events the EARLY rules tag as a strong root (on copies)."""
+    evs = [Ev.from_schema(e) for e in events]
+    kept, _ = run_early(catalog, evs)
+    return {e.signature for e in kept if e.role == "root" and e.strength == "strong"}
+
+
+def _signature(ev: Event) -> str:
+    # Every extracted event has one; a hand-made one without must not collapse into the others.
+    return ev.signature or f"{ev.kind}|{ev.host}|{ev.ref.path}:{ev.ref.line}"
+
+
+def merge_batch(state: WorkloadState, batch: EventBatch, catalog: Catalog, seq: int | None = None) -> bool:
+    """Merge one EventBatch; True when it was applied (not a redelivery, not past the horizon)."""
+    if _redelivered(state, "events", seq):
+        return False
+    if state.closed_at is not None:
+        state.dropped += 1
+        return False
+    if not state.ended and not state.root_arrived and strong_root_signatures(batch.events, catalog):
+        state.root_arrived = True
+    for ev in batch.events:
+        sig = _signature(ev)
+        have = state.events.get(sig)
+        if have is None:
+            state.events[sig] = ev
+        else:
+            merged = Ev.from_schema(have)
+            merged.merge(Ev.from_schema(ev))
+            state.events[sig] = merged.to_schema()
+    if batch.paths:
+        state.paths = sorted(set(state.paths) | set(batch.paths))
+    state.dirty = True
+    return True
+
+
+# ---------------------------------------------------------------- clocks
+
+def _end_anchor(state: WorkloadState) -> datetime | None:
+    """The end on the stream clock: end_time, or the end record's own timestamp when that is later.
+
+    Stream time is made of Kafka timestamps. A replayed or late-shipped end record
+    carries a timestamp far past its end_time; measured from end_time alone the
+    grace would be over before the extractor's last batches arrived.
+    """
+    stamps = [t for t in (state.end_time, state.end_record_ts) if t is not None]
+    return max(stamps) if stamps else None
+
+
+def _passed(state: WorkloadState, stream_time: datetime | None, wall_now: datetime,
+            stream_after_s: float, wall_after_s: float) -> bool:
+    anchor = _end_anchor(state)
+    if anchor is not None and stream_time is not None and stream_time >= anchor + timedelta(seconds=stream_after_s):
+        return True
+    return state.end_seen is not None and wall_now >= state.end_seen + timedelta(seconds=wall_after_s)
+
+
+def due_for_final(state: WorkloadState, stream_time: datetime | None, wall_now: datetime,
+                  cfg: StreamConfig) -> bool:
+    """Ended, not finalized, and the grace is over: on stream time, or capped on the wall clock."""
+    return (state.ended and state.published is None
+            and _passed(state, stream_time, wall_now, cfg.grace_s, cfg.grace_cap_s))
+
+
+def past_lateness(state: WorkloadState, stream_time: datetime | None, wall_now: datetime,
+                  cfg: StreamConfig) -> bool:
+    """The lateness horizon: ``lateness_s`` after the end, on either clock."""
+    return state.ended and _passed(state, stream_time, wall_now, cfg.lateness_s, cfg.lateness_s)
+
+
+def next_wake(state: WorkloadState, cfg: StreamConfig) -> Wake | None:
+    """When the timer must next look at this state; None while only new input can change it."""
+    if state.pending:
+        return Wake(None, _EPOCH)
+    if state.closed_at is not None:
+        return Wake(None, state.closed_at + timedelta(seconds=cfg.lateness_s))
+    if state.workload is None:
+        return Wake(None, state.first_seen + timedelta(seconds=cfg.hold_s))
+    if not state.ended:
+        return None
+    anchor, seen = _end_anchor(state), state.end_seen
+    after = (cfg.grace_s, cfg.grace_cap_s) if state.published is None else (cfg.lateness_s, cfg.lateness_s)
+    return Wake(anchor + timedelta(seconds=after[0]) if anchor else None,
+                seen + timedelta(seconds=after[1]) if seen else None)
+
+
+def expired(state: WorkloadState, wall_now: datetime, cfg: StreamConfig) -> bool:
+    """Delete it: a tombstone kept ``lateness_s`` past closing, or batches whose workload never started."""
+    if state.pending:
+        return False
+    if state.closed_at is not None:
+        return wall_now >= state.closed_at + timedelta(seconds=cfg.lateness_s)
+    return state.workload is None and wall_now >= state.first_seen + timedelta(seconds=cfg.hold_s)
+
+
+# ---------------------------------------------------------------- decisions
+
+def result_hash(d: Diagnosis) -> str:
+    """What a revision must change: the attribution and the recovery advice, not the evidence counts."""
+    result = {
+        "status": d.status, "domain": d.domain, "sub_domain": d.sub_domain,
+        "root_cause": [d.root_cause.ref.path, d.root_cause.ref.line] if d.root_cause else None,
+        "responsible_nodes": d.responsible_nodes, "suspect_nodes": d.suspect_nodes,
+        "candidates": [[c.sub_domain, c.nodes] for c in d.candidates],
+        "recovery": {"action": d.recovery.action, "nodes": d.recovery.nodes},
+    }
+    return hashlib.sha256(json.dumps(result, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def diagnose_state(state: WorkloadState, catalog: Catalog) -> Diagnosis:
+    """The diagnosis of the evidence so far, exactly as the offline path would compute it."""
+    assert state.workload is not None
+    inventory = inventory_from_paths(state.workload, state.paths)
+    return diagnose(state.workload, [Ev.from_schema(e) for e in state.events.values()], catalog, inventory)
+
+
+def _emit(state: WorkloadState, d: Diagnosis, revision: int, provisional: bool) -> Diagnosis:
+    d = d.model_copy(update={"revision": revision, "provisional": provisional})
+    record = Published(diagnosis_id=d.diagnosis_id, revision=revision, provisional=provisional,
+                       result=result_hash(d))
+    if provisional:
+        state.provisional.append(record)
+    else:
+        state.published = record
+    state.pending.append(Pending(diagnosis=d))
+    return d
+
+
+def _provisional(state: WorkloadState, catalog: Catalog) -> list[Diagnosis]:
+    if not state.root_arrived:
+        return []
+    state.root_arrived = False
+    if len(state.provisional) >= MAX_PROVISIONAL:
+        return []
+    d = diagnose_state(state, catalog)      # the start record: terminal state "unknown"
+    if d.status != "attributed" or any(p.result == result_hash(d) for p in state.provisional):
+        return []
+    return [_emit(state, d, 0, True)]
+
+
+def close(state: WorkloadState, wall_now: datetime) -> None:
+    """Past the horizon: keep only what identifies the attempt and what was published."""
+    state.closed_at = wall_now
+    state.events = {}
+    state.paths = []
+    state.dirty = state.root_arrived = False
+
+
+def decide(state: WorkloadState, catalog: Catalog, now: Now, cfg: StreamConfig) -> list[Diagnosis]:
+    """The diagnoses to publish now (also appended to ``state.pending``); may close the state."""
+    if state.workload is None or state.closed_at is not None:
+        return []
+    if not state.ended:
+        return _provisional(state, catalog)
+    if state.published is None:
+        if not due_for_final(state, now.stream, now.wall, cfg):
+            return []
+        state.dirty = state.root_arrived = False
+        return [_emit(state, diagnose_state(state, catalog), 0, False)]
+    if past_lateness(state, now.stream, now.wall, cfg):
+        close(state, now.wall)
+        return []
+    if not state.dirty:
+        return []
+    state.dirty = False
+    d = diagnose_state(state, catalog)
+    if result_hash(d) == state.published.result:
+        return []
+    return [_emit(state, d, state.published.revision + 1, False)]
+
+
+def settle(state: WorkloadState, has_store: bool) -> None:
+    """Drop the outbox entries every sink has confirmed."""
+    state.pending = [p for p in state.pending if not (p.sent and (p.stored or not has_store))]

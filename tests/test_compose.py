@@ -1,0 +1,115 @@
+"""docker-compose.yml and ops/Dockerfile, checked for structure (no Docker engine here)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from firstfault.streams.config import StreamConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRSTFAULT_SERVICES = ("extractor-1", "extractor-2", "correlator-1", "correlator-2", "service")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _cmd(svc: dict) -> list[str]:
+    cmd = svc.get("command", [])
+    return cmd if isinstance(cmd, list) else cmd.split()
+
+
+def test_every_service_is_there(compose):
+    assert set(compose["services"]) == {"kafka", "redis", *FIRSTFAULT_SERVICES}
+
+
+def test_two_of_each_worker_running_the_worker_modules(compose):
+    svcs = compose["services"]
+    extractors = [n for n, s in svcs.items() if _cmd(s)[:3] == ["python", "-m", "firstfault.streams.extractor"]]
+    correlators = [n for n, s in svcs.items() if _cmd(s)[:3] == ["python", "-m", "firstfault.streams.correlator"]]
+    assert sorted(extractors) == ["extractor-1", "extractor-2"]
+    assert sorted(correlators) == ["correlator-1", "correlator-2"]
+    # members of one group each: same group / app id
+    assert len({svcs[n]["environment"]["FIRSTFAULT_EXTRACTOR_GROUP"] for n in extractors}) == 1
+    assert len({svcs[n]["environment"]["FIRSTFAULT_APP_ID"] for n in correlators}) == 1
+    assert _cmd(svcs["service"]) == ["firstfault", "serve", "--host", "0.0.0.0"]
+
+
+def test_one_dockerfile_builds_every_firstfault_service(compose):
+    for name in FIRSTFAULT_SERVICES:
+        build = compose["services"][name]["build"]
+        assert build == {"context": ".", "dockerfile": "ops/Dockerfile"}, name
+    docker = (ROOT / "ops" / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim\s*$", docker, re.M)
+    assert re.search(r"^RUN pip install \.", docker, re.M)
+    assert re.search(r"^USER (?!root)", docker, re.M)
+
+
+def test_firstfault_services_are_configured_only_through_firstfault_variables(compose):
+    known = {f"FIRSTFAULT_{v}" for v in ("KAFKA_BOOTSTRAP", "REDIS_URL", "TOPIC_PREFIX", "PARTITIONS")}
+    for name in FIRSTFAULT_SERVICES:
+        svc = compose["services"][name]
+        env = svc["environment"]
+        assert isinstance(env, dict) and env, name
+        assert all(k.startswith("FIRSTFAULT_") for k in env), (name, [k for k in env if not k.startswith("FIRSTFAULT_")])
+        assert known <= set(env), name
+        assert not {"env_file", "entrypoint"} & set(svc), name
+        assert env["FIRSTFAULT_KAFKA_BOOTSTRAP"] == "kafka:9092"
+        assert env["FIRSTFAULT_REDIS_URL"].startswith("redis://redis:6379")
+        # what the workers read parses into a valid stream config
+        StreamConfig.from_env({k: str(v) for k, v in env.items()})
+        assert not any("TOKEN" in k and not k.endswith("_FILE") for k in env), "tokens come from files"
+
+
+def test_tokens_come_from_secret_files(compose):
+    svc = compose["services"]["service"]
+    env = svc["environment"]
+    for kind in ("read", "write"):
+        assert env[f"FIRSTFAULT_{kind.upper()}_TOKENS_FILE"] == f"/run/secrets/{kind}_tokens"
+        assert f"{kind}_tokens" in svc["secrets"]
+        assert "file" in compose["secrets"][f"{kind}_tokens"]
+
+
+def test_service_and_worker_store_prefixes_agree(compose):
+    env = compose["services"]["service"]["environment"]
+    assert env["FIRSTFAULT_REDIS_PREFIX"] == env["FIRSTFAULT_TOPIC_PREFIX"]
+
+
+def test_startup_order_waits_for_healthy_dependencies(compose):
+    svcs = compose["services"]
+    for name in FIRSTFAULT_SERVICES:
+        deps = svcs[name]["depends_on"]
+        assert deps["redis"]["condition"] == "service_healthy", name
+        if name != "service":
+            assert deps["kafka"]["condition"] == "service_healthy", name
+        for dep, how in deps.items():
+            if how["condition"] == "service_healthy":
+                assert "healthcheck" in svcs[dep], f"{name} waits for {dep} to be healthy, but it has no healthcheck"
+
+
+def test_healthchecks(compose):
+    svcs = compose["services"]
+    for name in ("kafka", "redis", "service"):
+        test = svcs[name]["healthcheck"]["test"]
+        assert test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name
+    assert "/healthz" in " ".join(svcs["service"]["healthcheck"]["test"])
+    assert "redis-cli" in svcs["redis"]["healthcheck"]["test"]
+
+
+def test_kafka_is_single_node_kraft(compose):
+    kafka = compose["services"]["kafka"]
+    assert kafka["image"].startswith("apache/kafka:")
+    env = kafka["environment"]
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node = str(env["KAFKA_NODE_ID"])
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{node}@kafka:9093"
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] in env["KAFKA_LISTENERS"]
+    assert "kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert not any("ZOOKEEPER" in k for k in env)
+    for k in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"):
+        assert int(env[k]) == 1
+    assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) >= 10 * 1024 * 1024

@@ -1,0 +1,578 @@
+"""The REST service end to end: the real app (ASGI, through httpx) on the real Redis."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import threading
+import uuid
+import zipfile
+from datetime import datetime, timedelta, timezone
+from functools import lru_cache
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from firstfault.connectors.api.app import create_app
+from firstfault.connectors.api.serve import serve_main
+from firstfault.connectors.api.settings import ServiceSettings
+from firstfault.connectors.sinks.redis_store import DiagnosisStore
+from firstfault.schemas import Diagnosis
+
+from conftest import BASE_WORKLOAD, SAMPLES, sample_dirs
+
+pytestmark = pytest.mark.anyio
+REDIS_URL = "redis://127.0.0.1:6379/0"
+WORKED = SAMPLES / "worked-example"
+BIG = SAMPLES / "gpu-fell-off-bus-32node"
+READ, WRITE = "read-token-1", "write-token-1"
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+# ---------------------------------------------------------------- helpers
+
+def payload(sample: Path) -> dict:
+    files = {}
+    for p in sorted(sample.rglob("*")):
+        rel = p.relative_to(sample).as_posix()
+        if p.is_file() and rel != "workload.json" and rel.startswith(("logs/", "metrics/")):
+            # surrogateescape: any non-UTF-8 byte survives the JSON trip unchanged
+            files[rel] = p.read_bytes().decode("utf-8", "surrogateescape")
+    return {"workload": json.loads((sample / "workload.json").read_text()), "files": files}
+
+
+def tar_gz(sample: Path, top: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        tf.add(sample, arcname=top or sample.name)   # the layout under one top folder
+    return buf.getvalue()
+
+
+def zip_of(sample: Path) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p in sorted(sample.rglob("*")):
+            if p.is_file():
+                zf.write(p, p.relative_to(sample).as_posix())   # the layout at the root
+    return buf.getvalue()
+
+
+def tar_with(members: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.SYMTYPE
+            info.linkname = target
+            tf.addfile(info)
+    return buf.getvalue()
+
+
+@lru_cache(maxsize=None)
+def cli_json(sample: Path) -> str:
+    """`firstfault analyze <sample> --json`, minus its trailing newline."""
+    out = subprocess.run([sys.executable, "-m", "firstfault", "analyze", str(sample), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.endswith("\n")
+    return out[:-1]
+
+
+def error_of(resp: httpx.Response) -> dict:
+    assert resp.headers["content-type"].startswith("application/json"), resp.text[:200]
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "limit"}
+    return body["error"]
+
+
+def stored(workload_id: str, revision: int | None = None, **update) -> Diagnosis:
+    base = Diagnosis.model_validate_json(cli_json(WORKED))
+    return base.model_copy(update={"workload_id": workload_id, "revision": revision,
+                                   "diagnosis_id": f"sha256:{workload_id}-{revision}", **update})
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture
+def prefix():
+    p = f"fftest:{uuid.uuid4().hex}:"
+    yield p
+    r = redis.Redis.from_url(REDIS_URL)
+    keys = list(r.scan_iter(match=f"{p}*", count=1000))
+    if keys:
+        r.delete(*keys)
+
+
+@pytest.fixture
+def make_client(prefix):
+    """An httpx client on a fresh app; settings overrides, hooks and store pass through."""
+    clients: list[httpx.AsyncClient] = []
+
+    def make(publisher=None, kafka_ready=None, store=None, **overrides) -> httpx.AsyncClient:
+        settings = ServiceSettings(redis_url=REDIS_URL, redis_prefix=prefix, **overrides)
+        app = create_app(settings, store=store, publisher=publisher, kafka_ready=kafka_ready)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+        client.app = app            # tests reach the app's store through it
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        asyncio.get_event_loop_policy()   # clients are closed by garbage collection; nothing to await here
+
+
+# ---------------------------------------------------------------- analyze: the same bytes as the CLI
+
+@pytest.mark.parametrize("sample", sample_dirs(), ids=lambda p: p.name)
+async def test_analyze_json_and_targz_match_the_cli_byte_for_byte(make_client, sample):
+    expected = cli_json(sample)
+    c = make_client()
+    r = await c.post("/v1/analyze", json=payload(sample))
+    assert r.status_code == 200, r.text[:500]
+    assert r.headers["content-type"] == "application/json"
+    assert r.text == expected
+    r = await c.post("/v1/analyze", content=tar_gz(sample), headers={"content-type": "application/gzip"})
+    assert r.status_code == 200, r.text[:500]
+    assert r.text == expected
+
+
+async def test_analyze_zip_with_layout_at_the_root(make_client):
+    r = await make_client().post("/v1/analyze", content=zip_of(WORKED), headers={"content-type": "application/zip"})
+    assert r.status_code == 200 and r.text == cli_json(WORKED)
+
+
+async def test_store_true_keeps_it_once_and_the_read_routes_find_it(make_client):
+    c = make_client()
+    r = await c.post("/v1/analyze?store=true", json=payload(WORKED))
+    assert r.status_code == 200 and r.headers["x-firstfault-stored"] == "true"
+    r = await c.post("/v1/analyze?store=true", json=payload(WORKED))
+    assert r.headers["x-firstfault-stored"] == "false"          # idempotent
+    r = await c.post("/v1/analyze", json=payload(WORKED))
+    assert "x-firstfault-stored" not in r.headers
+
+    got = (await c.get("/v1/diagnoses/slurm-4471823")).json()
+    assert got["attempt"] == 0 and got["attempts"] == [0] and got["revisions"] == []
+    assert json.dumps(got["diagnosis"], sort_keys=True, ensure_ascii=False, indent=2) == cli_json(WORKED)
+    page = (await c.get("/v1/diagnoses", params={"node": "node-02"})).json()
+    assert [d["workload_id"] for d in page["items"]] == ["slurm-4471823"] and page["next_cursor"] is None
+    # Indexed at the workload's end time (2026-11-02T10:13:19Z).
+    assert (await c.get("/v1/diagnoses", params={"since": "2026-11-02T10:13:19Z"})).json()["items"]
+    assert not (await c.get("/v1/diagnoses", params={"since": "2026-11-02T10:13:20Z"})).json()["items"]
+
+
+# ---------------------------------------------------------------- reads
+
+async def test_get_diagnosis_latest_attempt_revisions_and_404(make_client):
+    c = make_client()
+    store = c.app.state.ctx.store
+    store.save(stored("job-7", revision=0))
+    store.save(stored("job-7", revision=1))
+    store.save(stored("job-7", revision=None, attempt=1, diagnosis_id="sha256:job-7-a1"))
+    got = (await c.get("/v1/diagnoses/job-7")).json()
+    assert got["attempt"] == 1 and got["attempts"] == [1, 0] and got["revisions"] == []
+    got = (await c.get("/v1/diagnoses/job-7", params={"attempt": 0})).json()
+    assert got["diagnosis"]["revision"] == 1 and [r["revision"] for r in got["revisions"]] == [0]
+
+    r = await c.get("/v1/diagnoses/job-7", params={"attempt": 5})
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+    r = await c.get("/v1/diagnoses/no-such-job")
+    assert r.status_code == 404 and "no-such-job" in error_of(r)["message"]
+    r = await c.get("/v1/diagnoses/job-7", params={"attempt": "x"})
+    assert r.status_code == 422 and "attempt" in error_of(r)["message"]
+
+
+async def test_list_filters_and_pages(make_client):
+    c = make_client()
+    store = c.app.state.ctx.store
+    t0 = datetime(2026, 11, 2, tzinfo=timezone.utc)
+    for i in range(5):
+        store.save(stored(f"list-{i}"), t0 + timedelta(hours=i))
+    store.save(stored("list-u", status="unattributed", domain="unknown", sub_domain="unattributed",
+                      root_cause=None, responsible_nodes=[], suspect_nodes=["node-09"]), t0 + timedelta(hours=9))
+
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = (await c.get("/v1/diagnoses", params=params)).json()
+        seen += [d["workload_id"] for d in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ["list-u", "list-4", "list-3", "list-2", "list-1", "list-0"]
+
+    async def names(**params) -> list[str]:
+        r = await c.get("/v1/diagnoses", params=params)
+        assert r.status_code == 200, r.text
+        return [d["workload_id"] for d in r.json()["items"]]
+
+    assert await names(status="unattributed") == ["list-u"]
+    assert await names(domain="interconnect", until="2026-11-02T01:00:00Z") == ["list-1", "list-0"]
+    assert await names(since="2026-11-02T03:00:00", node="node-02") == ["list-4", "list-3"]   # naive = UTC
+    assert await names(node="node-09") == ["list-u"]
+
+    for params, field in (({"status": "broken"}, "status"), ({"limit": 0}, "limit"), ({"limit": 501}, "limit"),
+                          ({"since": "yesterday"}, "since"), ({"cursor": "garbage"}, "cursor")):
+        r = await c.get("/v1/diagnoses", params=params)
+        assert r.status_code == 422, params
+        assert field in error_of(r)["message"], params
+
+
+async def test_node_route_lists_blamed_and_suspected_with_their_role(make_client):
+    c = make_client()
+    store = c.app.state.ctx.store
+    store.save(stored("blamed-job"), datetime(2026, 11, 2, 1, tzinfo=timezone.utc))
+    store.save(stored("suspect-job", status="unattributed", domain="unknown", sub_domain="unattributed",
+                      root_cause=None, responsible_nodes=[], suspect_nodes=["node-02"]),
+               datetime(2026, 11, 2, 2, tzinfo=timezone.utc))
+    body = (await c.get("/v1/nodes/node-02/diagnoses")).json()
+    assert body["host"] == "node-02" and body["next_cursor"] is None
+    assert [(i["role"], i["diagnosis"]["workload_id"]) for i in body["items"]] == [
+        ("suspect", "suspect-job"), ("responsible", "blamed-job")]
+    first = (await c.get("/v1/nodes/node-02/diagnoses", params={"limit": 1})).json()
+    rest = (await c.get("/v1/nodes/node-02/diagnoses", params={"limit": 1, "cursor": first["next_cursor"]})).json()
+    assert [i["diagnosis"]["workload_id"] for i in first["items"] + rest["items"]] == ["suspect-job", "blamed-job"]
+    assert (await c.get("/v1/nodes/node-77/diagnoses")).json()["items"] == []
+
+
+# ---------------------------------------------------------------- publish
+
+async def test_publish_needs_a_configured_publisher(make_client):
+    r = await make_client().post("/v1/analyze?publish=true", json=payload(WORKED))
+    assert r.status_code == 409
+    err = error_of(r)
+    assert err["code"] == "publish_not_configured" and "publishing is not configured" in err["message"]
+
+
+async def test_publish_sync_and_async_publishers_receive_the_diagnosis(make_client):
+    got: list[Diagnosis] = []
+
+    async def async_pub(d: Diagnosis) -> None:
+        got.append(d)
+
+    for publisher in (got.append, async_pub):
+        r = await make_client(publisher=publisher).post("/v1/analyze?publish=true&store=true", json=payload(WORKED))
+        assert r.status_code == 200 and r.headers["x-firstfault-published"] == "true"
+    assert [d.to_json() for d in got] == [cli_json(WORKED)] * 2
+
+
+async def test_a_failing_publisher_is_a_503(make_client):
+    def broken(_: Diagnosis) -> None:
+        raise ConnectionError("broker down")
+
+    r = await make_client(publisher=broken).post("/v1/analyze?publish=true", json=payload(WORKED))
+    assert r.status_code == 503
+    err = error_of(r)
+    assert err["code"] == "publish_failed" and "broker down" in err["message"]
+
+
+# ---------------------------------------------------------------- health, readiness, metrics
+
+async def test_health_and_readiness(make_client):
+    c = make_client()
+    assert (await c.get("/healthz")).json() == {"status": "ok"}
+    r = await c.get("/readyz")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ready" and r.json()["checks"] == {"store": True}
+    assert r.json()["store_backend"] == "redis"
+
+
+@pytest.mark.parametrize("check,ready", [(lambda: True, True), (lambda: False, False), (lambda: 1 / 0, False)])
+async def test_readiness_includes_kafka_when_configured(make_client, check, ready):
+    r = await make_client(kafka_ready=check).get("/readyz")
+    assert r.status_code == (200 if ready else 503)
+    assert r.json()["checks"] == {"store": True, "kafka": ready}
+
+
+async def test_readiness_and_reads_report_an_unreachable_redis(make_client):
+    c = make_client(store=DiagnosisStore("redis://127.0.0.1:1/0", prefix="fftest:down:"))
+    r = await c.get("/readyz")
+    assert r.status_code == 503 and r.json()["checks"]["store"] is False and r.json()["status"] == "not_ready"
+    for path in ("/v1/diagnoses", "/v1/diagnoses/x", "/v1/nodes/n/diagnoses"):
+        r = await c.get(path)
+        assert r.status_code == 503 and error_of(r)["code"] == "store_unavailable", path
+    r = await c.post("/v1/analyze?store=true", json=payload(WORKED))
+    assert r.status_code == 503 and error_of(r)["code"] == "store_unavailable"
+
+
+async def test_metrics_count_requests_diagnoses_and_engine_time(make_client):
+    c = make_client(max_lines=10)
+    await c.post("/v1/analyze", json=payload(WORKED) | {"files": {}})
+    await c.post("/v1/analyze", json=payload(WORKED))              # refused by max_lines
+    await c.get("/v1/diagnoses/none")
+    text = (await c.get("/metrics")).text
+    assert 'firstfault_http_requests_total{method="POST",route="/v1/analyze",status="200"} 1.0' in text
+    assert 'firstfault_http_requests_total{method="POST",route="/v1/analyze",status="413"} 1.0' in text
+    assert 'firstfault_http_requests_total{method="GET",route="/v1/diagnoses/{workload_id}",status="404"} 1.0' in text
+    assert 'firstfault_http_request_duration_seconds_bucket{le="0.005",method="GET",route="/v1/diagnoses/{workload_id}"}' in text
+    assert 'firstfault_diagnoses_total{domain="unknown",status="unattributed"} 1.0' in text
+    assert "firstfault_engine_seconds_count 2.0" in text
+    assert 'firstfault_limit_rejections_total{limit="FIRSTFAULT_MAX_LINES"} 1.0' in text
+
+
+# ---------------------------------------------------------------- authentication
+
+async def test_auth_read_and_write_tokens(make_client):
+    c = make_client(read_tokens=frozenset({READ}), write_tokens=frozenset({WRITE}))
+    bearer = lambda t: {"authorization": f"Bearer {t}"}        # noqa: E731
+
+    r = await c.get("/v1/diagnoses")
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+    assert error_of(r)["code"] == "unauthenticated"
+    r = await c.get("/v1/diagnoses", headers=bearer("wrong"))
+    assert r.status_code == 401 and "invalid_token" in r.headers["www-authenticate"]
+    r = await c.get("/v1/diagnoses", headers={"authorization": f"Basic {READ}"})
+    assert r.status_code == 401
+    for token in (READ, WRITE):
+        assert (await c.get("/v1/diagnoses", headers=bearer(token))).status_code == 200
+        assert (await c.get("/v1/nodes/node-02/diagnoses", headers=bearer(token))).status_code == 200
+        assert (await c.get("/v1/diagnoses/x", headers=bearer(token))).status_code == 404
+
+    r = await c.post("/v1/analyze", json=payload(WORKED))
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+    r = await c.post("/v1/analyze", json=payload(WORKED), headers=bearer(READ))
+    assert r.status_code == 403 and error_of(r)["code"] == "insufficient_scope"
+    r = await c.post("/v1/analyze", json=payload(WORKED), headers=bearer(WRITE))
+    assert r.status_code == 200 and r.text == cli_json(WORKED)
+
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        assert (await c.get(path)).status_code == 200, path
+
+
+async def test_ui_auth_is_a_login_form_and_a_cookie(make_client):
+    c = make_client(read_tokens=frozenset({READ}))
+    c.app.state.ctx.store.save(stored("ui-job"))
+    r = await c.get("/ui/diagnoses/ui-job")
+    assert r.status_code == 401 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["www-authenticate"].startswith("Bearer") and 'name="token"' in r.text
+    assert (await c.get("/ui/diagnoses/ui-job", headers={"authorization": f"Bearer {READ}"})).status_code == 200
+
+    r = await c.post("/ui/login", content="token=nope&next=/ui/diagnoses/ui-job",
+                     headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 401
+    r = await c.post("/ui/login", content=f"token={READ}&next=https://evil.example/",
+                     headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/"        # no open redirect
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    r = await c.get("/ui/diagnoses/ui-job")          # the client keeps the cookie
+    assert r.status_code == 200 and "ui-job" in r.text
+
+
+def test_tokens_from_env_and_files(tmp_path):
+    f = tmp_path / "write.tokens"
+    f.write_text("w-from-file\n w2 \n")
+    s = ServiceSettings.from_env({"FIRSTFAULT_READ_TOKENS": "r1, r2,", "FIRSTFAULT_WRITE_TOKENS_FILE": str(f),
+                                  "FIRSTFAULT_MAX_LINES": "12"})
+    assert s.read_tokens == {"r1", "r2"} and s.write_tokens == {"w-from-file", "w2"} and s.max_lines == 12
+    assert s.auth_enabled and not ServiceSettings.from_env({}).auth_enabled
+    with pytest.raises(ValueError, match="FIRSTFAULT_READ_TOKENS_FILE"):
+        ServiceSettings.from_env({"FIRSTFAULT_READ_TOKENS_FILE": str(tmp_path / "missing")})
+    with pytest.raises(ValueError, match="FIRSTFAULT_MAX_LINES"):
+        ServiceSettings.from_env({"FIRSTFAULT_MAX_LINES": "many"})
+
+
+def test_serve_refuses_a_public_address_without_tokens(monkeypatch, capsys):
+    for var in ("FIRSTFAULT_READ_TOKENS", "FIRSTFAULT_WRITE_TOKENS", "FIRSTFAULT_READ_TOKENS_FILE",
+                "FIRSTFAULT_WRITE_TOKENS_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    assert serve_main(["--host", "0.0.0.0", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to listen on 0.0.0.0" in err and "FIRSTFAULT_READ_TOKENS" in err
+    monkeypatch.setenv("FIRSTFAULT_PORT", "not-a-port")
+    assert serve_main([]) == 2
+    assert "FIRSTFAULT_PORT" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- limits and bad input
+
+async def test_body_size_cap_with_and_without_content_length(make_client):
+    c = make_client(max_body_bytes=1000)
+    r = await c.post("/v1/analyze", json=payload(WORKED))
+    assert r.status_code == 413
+    err = error_of(r)
+    assert err["code"] == "body_too_large" and err["limit"] == "FIRSTFAULT_MAX_BODY_BYTES"
+
+    async def chunks():
+        for _ in range(10):
+            yield b"x" * 500
+
+    r = await c.post("/v1/analyze", content=chunks(), headers={"content-type": "application/gzip"})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_BODY_BYTES"
+
+
+async def test_archive_expansion_cap_stops_decompression_bombs(make_client):
+    c = make_client(max_archive_bytes=1024 * 1024)
+    wl = json.dumps(BASE_WORKLOAD).encode()
+    bomb = tar_with({"workload.json": wl, "logs/app/node-01.log": b"\n" * (8 * 1024 * 1024)})
+    assert len(bomb) < 64 * 1024
+    r = await c.post("/v1/analyze", content=bomb, headers={"content-type": "application/gzip"})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_ARCHIVE_BYTES"
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("workload.json", wl)
+        zf.writestr("logs/app/node-01.log", b"\n" * (8 * 1024 * 1024))
+    r = await c.post("/v1/analyze", content=buf.getvalue(), headers={"content-type": "application/zip"})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_ARCHIVE_BYTES"
+
+
+async def test_file_count_cap_in_both_forms(make_client):
+    c = make_client(max_files=3)
+    files = {f"logs/app/node-0{i}.log": "x\n" for i in range(5)}
+    r = await c.post("/v1/analyze", json={"workload": BASE_WORKLOAD, "files": files})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_FILES"
+    archive = tar_with({"workload.json": json.dumps(BASE_WORKLOAD).encode(),
+                        **{k: v.encode() for k, v in files.items()}})
+    r = await c.post("/v1/analyze", content=archive, headers={"content-type": "application/gzip"})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_FILES"
+
+
+async def test_line_count_cap(make_client):
+    c = make_client(max_lines=100)
+    r = await c.post("/v1/analyze", json=payload(WORKED))
+    assert r.status_code == 413
+    err = error_of(r)
+    assert err["code"] == "too_many_lines" and err["limit"] == "FIRSTFAULT_MAX_LINES"
+    r = await c.post("/v1/analyze", content=tar_gz(WORKED), headers={"content-type": "application/gzip"})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_LINES"
+    # Exactly at the cap passes: 100 lines, the last without a newline.
+    ok = {"workload": BASE_WORKLOAD, "files": {"logs/app/node-01.log": "line\n" * 99 + "last"}}
+    assert (await c.post("/v1/analyze", json=ok)).status_code == 200
+
+
+async def test_engine_time_cap_is_a_504(make_client):
+    r = await make_client(request_timeout_s=0.001).post("/v1/analyze", json=payload(BIG))
+    assert r.status_code == 504
+    err = error_of(r)
+    assert err["code"] == "engine_timeout" and err["limit"] == "FIRSTFAULT_REQUEST_TIMEOUT_S"
+
+
+async def test_saturated_engine_is_a_503_with_retry_after(make_client):
+    c = make_client(engine_threads=1, engine_queue=0)
+    release = threading.Event()
+    runner = c.app.state.ctx.runner
+    hold = asyncio.ensure_future(runner.run(lambda: release.wait(10)))
+    await asyncio.sleep(0.05)                       # the holder has taken the only slot
+    try:
+        r = await c.post("/v1/analyze", json=payload(WORKED))
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert error_of(r) == {"code": "engine_busy", "limit": "FIRSTFAULT_ENGINE_QUEUE",
+                               "message": error_of(r)["message"]}
+    finally:
+        release.set()
+        await hold
+    assert (await c.post("/v1/analyze", json=payload(WORKED))).status_code == 200
+
+
+async def test_bad_json_is_400_and_bad_media_type_415(make_client):
+    c = make_client()
+    r = await c.post("/v1/analyze", content=b'{"workload": ', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_json"
+    for ctype in ("text/plain", "multipart/form-data; boundary=x"):
+        r = await c.post("/v1/analyze", content=b"hello", headers={"content-type": ctype})
+        assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
+    r = await c.post("/v1/analyze", content=b"hello")
+    assert r.status_code == 415
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"files": {}}, "workload"),
+    ({"workload": BASE_WORKLOAD, "files": ["logs/app/a.log"]}, "files"),
+    ({"workload": BASE_WORKLOAD, "files": {"logs/app/a.log": 3}}, "files.logs/app/a.log"),
+    ({"workload": BASE_WORKLOAD, "file": {}}, "file"),
+    ({"workload": {k: v for k, v in BASE_WORKLOAD.items() if k != "start_time"}}, "start_time"),
+    ({"workload": BASE_WORKLOAD | {"end_time": "2020-01-01T00:00:00Z"}}, "end_time"),
+    ({"workload": BASE_WORKLOAD | {"gpus_per_node": 0}}, "gpus_per_node"),
+    ({"workload": BASE_WORKLOAD, "files": {"../etc/passwd": "x"}}, "../etc/passwd"),
+    ({"workload": BASE_WORKLOAD, "files": {"/logs/app/a.log": "x"}}, "/logs/app/a.log"),
+    ([1, 2], "(body)"),
+])
+async def test_invalid_request_or_workload_is_422_naming_the_field(make_client, body, field):
+    r = await make_client().post("/v1/analyze", json=body)
+    assert r.status_code == 422, r.text
+    assert field in error_of(r)["message"]
+
+
+@pytest.mark.parametrize("archive,words", [
+    (lambda: tar_with({"workload.json": json.dumps(BASE_WORKLOAD).encode(), "../evil.log": b"x"}), "unsafe path"),
+    (lambda: tar_with({"workload.json": json.dumps(BASE_WORKLOAD).encode(), "/etc/x.log": b"x"}), "unsafe path"),
+    (lambda: tar_with({"workload.json": json.dumps(BASE_WORKLOAD).encode()},
+                      links={"logs/app/a.log": "/etc/passwd"}), "link"),
+    (lambda: tar_with({"logs/app/a.log": b"x"}), "workload.json is missing"),
+    (lambda: tar_with({"workload.json": b"{not json"}), "not valid JSON"),
+    (lambda: tar_with({"workload.json": json.dumps({**BASE_WORKLOAD, "attempt": -1}).encode()}), "attempt"),
+    (lambda: b"definitely not gzip", "not a readable"),
+])
+async def test_bad_archives_are_422_with_the_reason(make_client, archive, words):
+    r = await make_client().post("/v1/analyze", content=archive(), headers={"content-type": "application/gzip"})
+    assert r.status_code == 422, r.text
+    err = error_of(r)
+    assert err["code"] in ("invalid_bundle", "invalid_workload") and words in err["message"]
+
+
+async def test_unknown_routes_and_methods_answer_the_error_model(make_client):
+    c = make_client()
+    r = await c.get("/v1/nothing-here")
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+    r = await c.delete("/v1/analyze")
+    assert r.status_code == 405 and error_of(r)["code"] == "method_not_allowed" and "POST" in r.headers["allow"]
+
+
+# ---------------------------------------------------------------- pages and OpenAPI
+
+async def test_pages_render_status_root_cause_and_evidence(make_client):
+    c = make_client()
+    c.app.state.ctx.store.save(Diagnosis.model_validate_json(cli_json(WORKED)))
+    r = await c.get("/ui/diagnoses/slurm-4471823")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    html = r.text
+    assert 'class="summary status-attributed"' in html
+    assert "node-02 · interconnect / nvlink_signal_integrity" in html
+    assert "logs/syslog/node-02.log:9" in html and "NETIR_LINK_EVT" in html      # raw line and its ref
+    assert 'class="mark root"' in html and 'id="ev-root"' in html              # root marked on the timeline
+    r = await c.get("/ui/diagnoses/nope")
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+    idx = await c.get("/ui/", params={"status": "attributed", "node": "node-02", "since": "bad"})
+    assert idx.status_code == 200 and "slurm-4471823" in idx.text and "ignored since" in idx.text
+    assert (await c.get("/ui/static/ui.css")).status_code == 200
+    assert (await c.get("/ui/static/ui.js")).status_code == 200
+
+
+async def test_openapi_documents_every_response_with_the_error_model(make_client):
+    doc = (await make_client(read_tokens=frozenset({READ})).get("/openapi.json")).json()
+    schemas = doc["components"]["schemas"]
+    assert set(schemas["ErrorDetail"]["required"]) == {"code", "message", "limit"}
+    body = doc["paths"]["/v1/analyze"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "application/gzip", "application/zip"}
+    assert body["application/json"]["schema"]["$ref"] == "#/components/schemas/AnalyzeRequest"
+    assert "WorkloadRecord" in schemas
+    analyze = doc["paths"]["/v1/analyze"]["post"]["responses"]
+    assert {"200", "400", "401", "403", "409", "413", "415", "422", "500", "503", "504"} <= set(analyze)
+    assert analyze["200"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/Diagnosis"
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            assert "500" in op["responses"], (path, method)
+            for status, resp in op["responses"].items():
+                if status.startswith(("4", "5")):
+                    content = resp["content"]
+                    if path.startswith("/ui/"):
+                        assert "text/html" in content, (path, status)
+                    elif path == "/readyz" and status == "503":
+                        assert content["application/json"]["schema"]["$ref"].endswith("/Readiness")
+                    else:
+                        assert content["application/json"]["schema"]["$ref"].endswith("/ErrorBody"), (path, status)
+            if path.startswith("/v1/"):
+                assert op.get("security"), (path, method)       # declared when tokens are configured
+    assert "HTTPValidationError" not in schemas
