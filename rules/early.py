@@ -59,7 +59,8 @@ def apply_tag(ev: Ev, tag: Tag, output: str | None) -> bool:
     if ev.role is not None:
         return False
     ev.role, ev.domain, ev.sub_domain, ev.strength = tag.role, tag.domain, tag.sub_domain, tag.strength
-    ev.output = render(tag.output or output, ev)
+    if tag.role in ("root", "marker"):        # only these are ever shown as a sentence
+        ev.output = render(tag.output or output, ev)
     return True
 
 

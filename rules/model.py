@@ -20,7 +20,7 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)      # identity: two events are never 'equal'
 class Ev:
     kind: str
     pattern: str

@@ -298,7 +298,7 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
             **diagnosis_view(d), "revisions": revisions, "attempts": attempts})
 
     @router.get("/login", response_class=HTMLResponse, summary="Token form for the pages (HTML)",
-                responses=_html_responses())
+                responses=_html_responses(422))
     async def login_form(request: Request, next: Annotated[str, Query(max_length=512)] = "/ui/") -> Response:
         return templates.TemplateResponse(request, "message.html", {
             "title": "Sign in", "message": "Paste a read or write token.", "login": True, "next": _safe_next(next)})

@@ -184,7 +184,7 @@ def _field(raw: dict[str, Any]) -> tuple[int, int]:
 @cache
 def load_table(path: str | None = None) -> _Table:
     """Read ``nvlink5.yaml`` once (per path)."""
-    doc = yaml.safe_load(Path(path or DATA_DIR / "nvlink5.yaml").read_text(encoding="utf-8"))
+    doc = yaml.load(Path(path or DATA_DIR / "nvlink5.yaml").read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     lay = doc["layout"]
     units = []
     reason_names: dict[int, str] = {int(k): str(v) for k, v in (doc.get("reason_names_without_row") or {}).items()}

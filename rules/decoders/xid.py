@@ -59,7 +59,7 @@ class _XidTable:
 @cache
 def load_xid_table(path: str | None = None) -> _XidTable:
     """Read ``xid.yaml`` once (per path)."""
-    doc = yaml.safe_load(Path(path or DATA_DIR / "xid.yaml").read_text(encoding="utf-8"))
+    doc = yaml.load(Path(path or DATA_DIR / "xid.yaml").read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     regs = doc.get("xid74_registers") or {}
     words: dict[int, dict[int, str]] = {}
     for word, classes in (regs.get("words") or {}).items():
