@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the streaming path on a real broker (the embedded Tansu unless --bootstrap).
 
-    python bench/bench_stream.py [--lines 200000] [--nodes 32] [--workloads 40] [--json]
+    python bench/bench_stream.py [--lines 100000] [--nodes 16] [--copies 50] [--workloads 20] [--json]
 
 Each measurement has its own topics (a fresh prefix) and fails on its own: one that
 cannot run (e.g. the correlator does not start) reports its error and the others
@@ -276,7 +276,7 @@ def m_correlator(base: StreamConfig, job: Job, copies: int, tmp: Path) -> dict[s
             "note": "rate between the first and the last committed-offset sample (commit interval 0.2 s)"}
 
 
-def m_latency(base: StreamConfig, job: Job, workloads: int, tmp: Path) -> dict[str, Any]:
+def m_latency(base: StreamConfig, job: Job, workloads: int, interval_s: float, tmp: Path) -> dict[str, Any]:
     cfg = fresh_cfg(base)
     kafka.ensure_topics(cfg)
     merged: dict[str, Any] = {}
@@ -318,7 +318,7 @@ def m_latency(base: StreamConfig, job: Job, workloads: int, tmp: Path) -> dict[s
             prod.produce(cfg.topic("scheduler"), key=w.encode(), value=scheduler_message("end", wl),
                          on_delivery=lambda err, m, w=w: ends.__setitem__(w, m.timestamp()[1]))
             prod.poll(0)
-            time.sleep(0.1)
+            time.sleep(interval_s)
         prod.flush(30)
         deadline = time.monotonic() + 60 + 2 * GRACE_S
         while len(finals) < len(wids) and time.monotonic() < deadline:
@@ -339,16 +339,18 @@ def m_latency(base: StreamConfig, job: Job, workloads: int, tmp: Path) -> dict[s
     return {"workloads": len(wids), "diagnosed": len(lat), "grace_s": GRACE_S,
             "p50_s": pct(0.50), "p99_s": pct(0.99), "max_s": round(lat[-1], 3),
             "p50_beyond_grace_s": round(pct(0.50) - GRACE_S, 3), "p99_beyond_grace_s": round(pct(0.99) - GRACE_S, 3),
-            "mean_s": round(statistics.fmean(lat), 3), "events_per_attempt": len(evidence.events)}
+            "mean_s": round(statistics.fmean(lat), 3), "events_per_attempt": len(evidence.events),
+            "end_interval_s": interval_s}
 
 
 # ---------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lines", type=int, default=200_000, help="lines in the generated job")
-    ap.add_argument("--nodes", type=int, default=32)
-    ap.add_argument("--copies", type=int, default=100, help="correlator: copies of the job's EventBatches")
-    ap.add_argument("--workloads", type=int, default=40, help="latency: attempts ended one after another")
+    ap.add_argument("--lines", type=int, default=100_000, help="lines in the generated job")
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--copies", type=int, default=50, help="correlator: copies of the job's EventBatches")
+    ap.add_argument("--workloads", type=int, default=20, help="latency: attempts ended one after another")
+    ap.add_argument("--end-interval", type=float, default=0.5, help="latency: seconds between end events")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--bootstrap", default=os.environ.get("FIRSTFAULT_KAFKA_BOOTSTRAP"))
     ap.add_argument("--only", nargs="*", help="run only these measurements")
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             "extractor_core": lambda: m_extractor_core(base, job),
             "extractor_worker": lambda: m_extractor_worker(base, job),
             "correlator": lambda: m_correlator(base, job, args.copies, tmp),
-            "latency": lambda: m_latency(base, job, args.workloads, tmp),
+            "latency": lambda: m_latency(base, job, args.workloads, args.end_interval, tmp),
         }
         for name, fn in plan.items():
             if args.only and name not in args.only:

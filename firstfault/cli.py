@@ -90,6 +90,47 @@ def cmd_rules_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stream_config(args: argparse.Namespace):
+    from firstfault.streams.config import StreamConfig
+
+    return StreamConfig.from_env(bootstrap=getattr(args, "bootstrap", None), redis_url=getattr(args, "redis_url", None),
+                                 prefix=getattr(args, "prefix", None))
+
+
+def cmd_ship(args: argparse.Namespace) -> int:
+    from firstfault.connectors.shipper import ship
+    from firstfault.streams import kafka
+
+    from .progress import Bar
+
+    cfg = _stream_config(args)
+    if not cfg.bootstrap:
+        print("firstfault: ship needs a broker: set FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap "
+              "(firstfault up prints it)", file=sys.stderr)
+        return 2
+    kafka.ensure_topics(cfg)
+    bar = Bar("shipping", min_total=100_000)
+    try:
+        stats = ship(args.path, cfg, rate=args.rate, end=not args.no_end, progress=bar)
+    finally:
+        bar.close()
+    summary = {"lines": stats.lines, "files": stats.files, "bytes": stats.bytes, "seconds": round(stats.seconds, 3),
+               "topics": {"raw": cfg.topic("raw"), "scheduler": cfg.topic("scheduler")}}
+    if args.json:
+        json.dump(summary, sys.stdout, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(f"shipped {stats.lines:,} lines from {stats.files} files to {cfg.topic('raw')} "
+              f"in {stats.seconds:.2f} s, with the scheduler start and end on {cfg.topic('scheduler')}")
+    return 0
+
+
+def _add_stream_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (FIRSTFAULT_KAFKA_BOOTSTRAP)")
+    p.add_argument("--redis-url", help="Redis URL (FIRSTFAULT_REDIS_URL)")
+    p.add_argument("--prefix", help="topic prefix (FIRSTFAULT_TOPIC_PREFIX, default 'firstfault.')")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="firstfault", description=__doc__)
     parser.add_argument("--version", action="version", version=f"firstfault {__import__('firstfault').__version__}")
@@ -100,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print exactly the diagnosis object")
     p.add_argument("--rules", default=_env("RULES"), help="a rules directory laid over the built-in catalog")
     p.set_defaults(fn=cmd_analyze)
+
+    p = sub.add_parser("ship", help="publish a bundle's lines and scheduler record to the raw topics")
+    p.add_argument("path", help="bundle directory, .tar.gz or .zip")
+    p.add_argument("--rate", type=float, help="lines per second (default: as fast as possible)")
+    p.add_argument("--no-end", action="store_true", help="do not send the scheduler end event")
+    p.add_argument("--json", action="store_true")
+    _add_stream_flags(p)
+    p.set_defaults(fn=cmd_ship)
 
     rules = sub.add_parser("rules", help="test, lint and list the rule catalog")
     rsub = rules.add_subparsers(dest="rules_command", required=True)

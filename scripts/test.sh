@@ -4,6 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# System programs some tests drive for real: headless Chromium (the diagnosis page) and
+# promtool (alert rules). Installed from Debian's packages when we are root (CI is);
+# elsewhere those tests say they were skipped and why.
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing ${need[*]} (Debian packages) ..."
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null 2>&1 \
+    || echo "warning: could not install ${need[*]}; the tests that need them will be skipped"
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

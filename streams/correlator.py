@@ -98,14 +98,17 @@ class Correlator:
         if message.timestamp and message.timestamp > 0:
             self.stream_ms = max(self.stream_ms, int(message.timestamp * 1000))
 
-    def _load(self, key: str) -> WorkloadState | None:
+    def _load(self, key: str) -> tuple[WorkloadState | None, str | None]:
         raw = self.table.data.get(key)
         if raw is None:
-            return None
-        return WorkloadState.model_validate_json(raw.decode() if isinstance(raw, bytes) else raw)
+            return None, None
+        raw = raw.decode() if isinstance(raw, bytes) else raw
+        return WorkloadState.model_validate_json(raw), raw
 
-    def _save(self, st: WorkloadState) -> None:
+    def _save(self, st: WorkloadState, before: str | None = None) -> None:
         raw = st.model_dump_json()
+        if raw == before:                        # e.g. a redelivered record: nothing to log
+            return
         self.table.data[st.key] = raw
         self.table.send_changelog(st.partition, st.key, raw)
         self._wakes[st.key] = (raw, next_wake(st, self.cfg), st.partition)
@@ -122,26 +125,26 @@ class Correlator:
         self._saw(message)
         batch = decode_batch(message.value)
         async with self.lock:
-            key = state_key(batch.workload_id, batch.attempt)
-            st = self._load(key) or new_state(batch.workload_id, batch.attempt, self.now().wall)
+            st, before = self._load(state_key(batch.workload_id, batch.attempt))
+            st = st or new_state(batch.workload_id, batch.attempt, self.now().wall)
             st.partition = message.partition
             # EARLY rules and diagnose are CPU work: off the loop, so heartbeats keep flowing.
             applied = await asyncio.to_thread(merge_batch, st, batch, self.catalog, message.offset)
             self.counts["batches" if applied else "batches_skipped"] += 1
-            await self._step(st)
+            await self._step(st, before)
 
     async def on_scheduler(self, message: Any) -> None:
         self._saw(message)
         ev = decode_scheduler(message.value)
         async with self.lock:
             wl = ev.workload
-            key = state_key(wl.workload_id, wl.attempt)
             now = self.now()
-            st = self._load(key) or new_state(wl.workload_id, wl.attempt, now.wall)
+            st, before = self._load(state_key(wl.workload_id, wl.attempt))
+            st = st or new_state(wl.workload_id, wl.attempt, now.wall)
             st.partition = message.partition
-            apply_scheduler(st, ev, now.wall, record_ts=_utc(message.timestamp), seq=message.offset)
-            self.counts[f"scheduler_{ev.type}"] += 1
-            await self._step(st)
+            applied = apply_scheduler(st, ev, now.wall, record_ts=_utc(message.timestamp), seq=message.offset)
+            self.counts[f"scheduler_{ev.type}" if applied else "scheduler_unchanged"] += 1
+            await self._step(st, before)
 
     async def guarded(self, handler, message: Any) -> None:
         """Run a handler; a record it cannot use goes to the dead-letter topic. Never raises."""
@@ -168,10 +171,10 @@ class Correlator:
 
     # ------------------------------------------------------------ decisions and publishing
 
-    async def _step(self, st: WorkloadState) -> None:
+    async def _step(self, st: WorkloadState, before: str | None) -> None:
         """Decide, then publish through the outbox. Caller holds the lock."""
         published = await asyncio.to_thread(decide, st, self.catalog, self.now(), self.cfg)
-        self._save(st)
+        self._save(st, before)
         if st.pending:
             await self._publish(st)
         for d in published:
@@ -204,7 +207,8 @@ class Correlator:
         return not getattr(self.app, "rebalancing", False) and not getattr(self.app, "in_recovery", False)
 
     def _active_partitions(self) -> set[int]:
-        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == self.events_topic.get_topic_name()}
+        name = self.events_topic.get_topic_name()
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == name}
 
     def _wake(self, key: str, raw: Any) -> tuple[Wake | None, int | None]:
         cached = self._wakes.get(key)
@@ -226,14 +230,14 @@ class Correlator:
             if wake is None or partition not in active or not wake.due(now):
                 continue
             async with self.lock:
-                st = self._load(key)
+                st, before = self._load(key)
                 if st is None:
                     continue
                 now = self.now()
                 if expired(st, now.wall, self.cfg):
                     self._delete(st)
                 else:
-                    await self._step(st)
+                    await self._step(st, before)
         for key in set(self._wakes) - set(self.table.data.keys()):
             del self._wakes[key]
         self._log_stats()

@@ -161,7 +161,19 @@ class ExtractorCore:
         self.held.append(Held(rec, ts_ms, now))
         self.counters.held += 1
         while len(self.held) > self.cfg.hold_max:
-            self._give_up(self.held.popleft())
+            self._give_up(self.held.popleft())      # over the count bound: counted, oldest first
+
+    def orphan_event(self, rec: RawLine):
+        """The event a line makes on its own (UTC, no workload), for node history."""
+        raw = rec.text.encode("utf-8", "surrogateescape")
+        hits = self.prefilter.scan(raw)
+        if not hits:
+            return None
+        source = rec.source or source_of(rec.path) or "app"
+        ex = self._generic
+        host = ex.hosts.file_host(rec.path, source) or rec.host
+        ev = ex.read_line(rec.path, source, host, ex.context(host), rec.line, raw, hits[0], None, ExtractStats())
+        return ev.to_schema() if ev is not None else None
 
     def _give_up(self, h: Held) -> None:
         self.counters.unrouted_lines += 1
@@ -260,6 +272,14 @@ class ExtractorWorker:
                 except RecordError:
                     pass      # the correlator dead-letters scheduler records; one report is enough
 
+    def keep_for_node_history(self, expired: list[Held]) -> None:
+        """Lines that no workload claimed: extracted without a workload and kept per host."""
+        for h in expired:
+            ev = self.core.orphan_event(h.rec)
+            if ev is not None:
+                key = (ev.host or h.rec.host or "?").encode()
+                self.producer.produce(self.cfg.topic("node-history"), key=key, value=encode(ev))
+
     def publish(self, batches: dict[tuple[str, int], EventBatch]) -> None:
         for (wid, _), batch in batches.items():
             self.producer.produce(self.cfg.topic("events"), key=wid.encode(), value=encode(batch))
@@ -267,8 +287,9 @@ class ExtractorWorker:
 
     def step(self, timeout: float = 0.5) -> int:
         if self.poll_timeline():
-            batches, _expired = self.core.retry_held()
+            batches, expired = self.core.retry_held()
             self.publish(batches)
+            self.keep_for_node_history(expired)
         msgs = self.consumer.consume(num_messages=self.cfg.batch, timeout=timeout)
         records: list[tuple[RawLine, int]] = []
         for m in msgs:
@@ -284,8 +305,9 @@ class ExtractorWorker:
         if records:
             self.publish(self.core.handle(records))
         if self.core.held or self.core._unrouted_paths:
-            batches, _expired = self.core.retry_held()
+            batches, expired = self.core.retry_held()
             self.publish(batches)
+            self.keep_for_node_history(expired)
         if msgs:
             # At least once: everything produced for this batch is delivered before its offsets commit.
             self.producer.flush(30)

@@ -196,8 +196,12 @@ def test_worked_example_diagnosis_dead_letters_and_redis(pipeline, redis_url):
         assert (letter["partition"], letter["offset"]) == (partition, offset)
     assert worker.poll() is None                      # the agents survived both
 
-    stored = DiagnosisStore(redis_url, prefix=pipe.cfg.prefix).latest(final.workload_id, final.attempt)
-    assert stored is not None and stored.to_json() == final.to_json()
+    store = DiagnosisStore(redis_url, prefix=pipe.cfg.prefix)
+    deadline = time.monotonic() + 10                  # the store is written just after the topic
+    while (stored := store.latest(final.workload_id, final.attempt)) is None or stored.provisional:
+        assert time.monotonic() < deadline, f"not in Redis\n{pipe.logs()}"
+        time.sleep(0.1)
+    assert stored.to_json() == final.to_json()
 
 
 def test_kill_9_between_end_and_finalization_publishes_one_diagnosis(pipeline):

@@ -118,19 +118,15 @@ def prefix():
 @pytest.fixture
 def make_client(prefix):
     """An httpx client on a fresh app; settings overrides, hooks and store pass through."""
-    clients: list[httpx.AsyncClient] = []
 
     def make(publisher=None, kafka_ready=None, store=None, **overrides) -> httpx.AsyncClient:
         settings = ServiceSettings(redis_url=REDIS_URL, redis_prefix=prefix, **overrides)
         app = create_app(settings, store=store, publisher=publisher, kafka_ready=kafka_ready)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
-        client.app = app            # tests reach the app's store through it
-        clients.append(client)
+        client.app = app            # tests reach the app's store and runner through it
         return client
 
-    yield make
-    for c in clients:
-        asyncio.get_event_loop_policy()   # clients are closed by garbage collection; nothing to await here
+    return make
 
 
 # ---------------------------------------------------------------- analyze: the same bytes as the CLI
@@ -358,10 +354,10 @@ async def test_ui_auth_is_a_login_form_and_a_cookie(make_client):
     assert r.headers["www-authenticate"].startswith("Bearer") and 'name="token"' in r.text
     assert (await c.get("/ui/diagnoses/ui-job", headers={"authorization": f"Bearer {READ}"})).status_code == 200
 
-    r = await c.post("/ui/login", content="token=nope&next=/ui/diagnoses/ui-job",
+    r = await c.post("/ui/session", content="token=nope&next=/ui/diagnoses/ui-job",
                      headers={"content-type": "application/x-www-form-urlencoded"})
     assert r.status_code == 401
-    r = await c.post("/ui/login", content=f"token={READ}&next=https://evil.example/",
+    r = await c.post("/ui/session", content=f"token={READ}&next=https://evil.example/",
                      headers={"content-type": "application/x-www-form-urlencoded"})
     assert r.status_code == 303 and r.headers["location"] == "/ui/"        # no open redirect
     cookie = r.headers["set-cookie"]

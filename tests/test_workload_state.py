@@ -15,8 +15,8 @@ from firstfault.rules.engine import analyze_bundle, analyze_path
 from firstfault.schemas import Diagnosis, Event, EventBatch, SchedulerEvent, WorkloadRecord
 from firstfault.streams.config import StreamConfig
 from firstfault.streams.workload_state import (
-    Now, WorkloadState, apply_scheduler, decide, diagnose_state, due_for_final, expired, merge_batch, new_state, next_wake,
-    past_lateness, result_hash, settle, strong_root_signatures,
+    Now, WorkloadState, apply_scheduler, decide, diagnose_state, due_for_final, expired, merge_batch, new_state,
+    next_wake, past_lateness, result_hash, settle, strong_root_signatures,
 )
 
 from conftest import SAMPLES, sample_dirs
@@ -262,7 +262,8 @@ def test_provisional_only_for_a_strong_root_that_final_attributes(catalog):
         st = new_state(wl.workload_id, wl.attempt, T0)
         apply_scheduler(st, sched("start", wl), T0)
         merge_batch(st, EventBatch(workload_id=wl.workload_id, events=list(events), paths=list(paths)), catalog)
-        want = bool(strong_root_signatures(list(events), catalog)) and diagnose_state(st, catalog).status == "attributed"
+        strong = bool(strong_root_signatures(list(events), catalog))
+        want = strong and diagnose_state(st, catalog).status == "attributed"
         got = decide(st, catalog, Now(T0), CFG)
         assert bool(got) == want, bundle.name
         assert not st.root_arrived

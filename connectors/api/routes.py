@@ -1,11 +1,13 @@
 """The JSON API: analyze, read diagnoses, health, readiness and metrics."""
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BeforeValidator
 from fastapi.responses import JSONResponse, Response
 
 from firstfault.connectors.sinks.redis_store import InvalidCursor
@@ -20,6 +22,17 @@ from .runner import ENGINE_LOCK
 from .models import DiagnosisPage, DiagnosisRecord, Health, NodeDiagnosisPage, Readiness
 
 StatusFilter = Literal["attributed", "ambiguous", "unattributed", "no_failure"]
+
+
+def _iso_only(value: object) -> object:
+    # pydantic would read "0.5" as a Unix time; the API promises ISO-8601 date-times only.
+    if isinstance(value, (int, float)) or (isinstance(value, str) and _NUMBER.fullmatch(value.strip())):
+        raise ValueError("expected an ISO-8601 date-time, e.g. 2026-11-02T10:00:00Z")
+    return value
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+IsoDateTime = Annotated[datetime, BeforeValidator(_iso_only)]
 WorkloadId = Annotated[str, Path(min_length=1, max_length=256, description="the scheduler's workload id")]
 Host = Annotated[str, Path(min_length=1, max_length=256)]
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
@@ -125,8 +138,8 @@ def build_router(ctx: ServiceContext) -> APIRouter:
                 summary="Recent diagnoses, newest first, filtered and paginated",
                 responses=responses(401, 403, 422, 503))
     async def list_diagnoses(
-            since: Annotated[datetime | None, Query(description="ended at or after (ISO-8601; UTC if no zone)")] = None,
-            until: Annotated[datetime | None, Query(description="ended at or before")] = None,
+            since: Annotated[IsoDateTime | None, Query(description="ended at or after (ISO-8601; UTC if no zone)")] = None,
+            until: Annotated[IsoDateTime | None, Query(description="ended at or before")] = None,
             status: StatusFilter | None = None,
             domain: Annotated[str | None, Query(max_length=64)] = None,
             node: Annotated[str | None, Query(max_length=256, description="blamed or suspected host")] = None,

@@ -303,7 +303,8 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
         return templates.TemplateResponse(request, "message.html", {
             "title": "Sign in", "message": "Paste a read or write token.", "login": True, "next": _safe_next(next)})
 
-    @router.post("/login", summary="Keep a token in a cookie for the pages", status_code=303,
+    # POST on its own path: one method per path keeps each path's Allow header exact.
+    @router.post("/session", summary="Keep a token in a cookie for the pages", status_code=303,
                  responses={303: {"description": "token accepted; redirect to the page"},
                             **_html_responses(401)},
                  openapi_extra={"requestBody": {"required": True, "content": {
