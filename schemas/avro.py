@@ -102,8 +102,29 @@ def avro_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=None)
+def _raw_schema(name: str) -> dict[str, Any]:
+    return json.loads((AVRO_DIR / f"{name}.avsc").read_text())
+
+
+@lru_cache(maxsize=None)
+def _flat(name: str):
+    from .avro_fast import compile_flat
+
+    decoder = compile_flat(_raw_schema(name))
+    if decoder is None:
+        raise TypeError(f"{name} is not a flat record")
+    return decoder
+
+
+@lru_cache(maxsize=None)
+def _needs_walk(name: str) -> bool:
+    """Whether a record has JSON-marked fields or extras to convert (RawLine does not)."""
+    return JSON_MARK in json.dumps(_raw_schema(name))
+
+
+@lru_cache(maxsize=None)
 def _parsed(name: str) -> tuple[Any, bytes]:
-    schema = json.loads((AVRO_DIR / f"{name}.avsc").read_text())
+    schema = _raw_schema(name)
     parsed = parse_schema(schema, _write_hint=False)
     # The Rabin fingerprint of the Parsing Canonical Form, written little-endian (Avro spec).
     fp = int(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"), 16).to_bytes(8, "little")
@@ -163,12 +184,23 @@ def _walk(datum: Any, schema: Any, encode: bool, names: dict[str, Any]) -> Any:
     return datum
 
 
+def _construct(model: type[BaseModel], values: dict[str, Any]) -> BaseModel:
+    """``model_construct`` without its per-field default handling: every field is present."""
+    obj = model.__new__(model)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
+
+
 def encode(obj: BaseModel) -> bytes:
     """Single-object encoding of a model instance."""
     name = type(obj).__name__
     parsed, fp = _parsed(name)
-    raw_schema = json.loads((AVRO_DIR / f"{name}.avsc").read_text())
-    datum = _walk(obj.model_dump(mode="python"), raw_schema, True, {})
+    datum = obj.model_dump(mode="python")
+    if _needs_walk(name):
+        datum = _walk(datum, _raw_schema(name), True, {})
     buf = io.BytesIO()
     buf.write(MAGIC + fp)
     fastavro.schemaless_writer(buf, parsed, datum)
@@ -182,13 +214,24 @@ def decode(data: bytes) -> BaseModel:
     name = _by_fingerprint().get(data[2:10])
     if name is None:
         raise ValueError(f"unknown schema fingerprint {data[2:10][::-1].hex()}")
+    if name == "RawLine":
+        # The hot path (every raw line): a flat record, read without fastavro's per-call set-up.
+        try:
+            datum = _flat("RawLine")(data[10:])
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"corrupt RawLine body: {exc}") from None
+        if datum["line"] < 1 or not datum["path"]:
+            raise ValueError("RawLine needs a path and a line number of at least 1")
+        return _construct(RawLine, datum)
     parsed, _ = _parsed(name)
-    raw_schema = json.loads((AVRO_DIR / f"{name}.avsc").read_text())
     try:
         datum = fastavro.schemaless_reader(io.BytesIO(data[10:]), parsed, None)
     except Exception as exc:  # fastavro raises several types on truncated or corrupt bodies
         raise ValueError(f"corrupt {name} body: {exc}") from None
-    return TOPIC_MODELS[name].model_validate(_walk(datum, raw_schema, False, {}))
+
+    if _needs_walk(name):
+        datum = _walk(datum, _raw_schema(name), False, {})
+    return TOPIC_MODELS[name].model_validate(datum)
 
 
 def write_schemas(directory: Path = AVRO_DIR) -> list[Path]:

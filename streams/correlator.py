@@ -5,10 +5,11 @@ Run it::
     FIRSTFAULT_KAFKA_BOOTSTRAP=127.0.0.1:9092 python -m firstfault.streams.correlator worker --without-web
 
 (no arguments means ``worker --without-web -l info``). Configuration is
-``StreamConfig.from_env()``; ``FIRSTFAULT_CHANGELOG_ONE_PER_BATCH=1`` sends one
-record per producer batch, the workaround for Tansu's off-by-a-few recovery
-high-water (stack.md §3); ``FIRSTFAULT_COMMIT_INTERVAL_S`` sets Faust's offset
-commit interval (default 2.8 s).
+``StreamConfig.from_env()``, plus three worker knobs: ``FIRSTFAULT_METRICS_PORT``
+serves Prometheus /metrics (off when unset); ``FIRSTFAULT_CHANGELOG_ONE_PER_BATCH=1``
+sends one record per producer batch, the workaround for Tansu's off-by-a-few
+recovery high-water (stack.md §3); ``FIRSTFAULT_COMMIT_INTERVAL_S`` sets Faust's
+offset commit interval (default 2.8 s; redelivered input is deduplicated).
 
 Per workload attempt the state lives in a plain changelog-backed Table (JSON string
 values; windowed tables expire on wall-clock time, which would drop late evidence),
@@ -40,7 +41,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import faust
+from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram, start_http_server
 
+from firstfault.connectors import metrics_names as M
 from firstfault.rules.catalog import Catalog, load_catalog
 from firstfault.rules.errors import RecordError
 from firstfault.schemas import DeadLetter
@@ -68,11 +71,33 @@ def _utc(ts_s: float | None) -> datetime | None:
     return datetime.fromtimestamp(ts_s, timezone.utc) if ts_s and ts_s > 0 else None
 
 
+class Metrics:
+    """The correlator's Prometheus metrics (names from connectors/metrics_names.py), in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.consumed = PCounter(M.base_name(M.RECORDS_CONSUMED), "input records", ["worker", "topic"], registry=r)
+        self.deadletter = PCounter(M.base_name(M.DEADLETTER), "records refused", ["stage"], registry=r)
+        self.diagnoses = PCounter(M.base_name(M.STREAM_DIAGNOSES), "diagnoses published", ["status", "kind"],
+                                  registry=r)
+        self.latency = Histogram(M.FINALIZATION_LATENCY, "scheduler end event seen -> final diagnosis sent",
+                                 buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
+        self.open = Gauge(M.WORKLOADS_OPEN, "workload attempts held in correlator state", registry=r)
+        self.publish_errors = PCounter(M.base_name(M.PUBLISH_ERRORS), "failed publications (retried)", ["sink"],
+                                       registry=r)
+
+    def serve(self, port: int) -> None:
+        if port:
+            start_http_server(port, addr="0.0.0.0", registry=self.registry)
+
+
 class Correlator:
     """What the agents and the timer do; one asyncio lock serializes every state update."""
 
     def __init__(self, app: faust.App, cfg: StreamConfig, catalog: Catalog, store: Any | None) -> None:
         self.app, self.cfg, self.catalog, self.store = app, cfg, catalog, store
+        self.metrics = Metrics()
         # str keys and values: JSON-serialized on the changelog, str again after recovery.
         self.table = app.Table(TABLE, key_type=str, value_type=str, partitions=cfg.partitions,
                                help="correlator state per workload attempt (JSON)")
@@ -94,7 +119,8 @@ class Correlator:
         stream = datetime.fromtimestamp(self.stream_ms / 1000, timezone.utc) if self.stream_ms else None
         return Now(wall=datetime.now(timezone.utc), stream=stream)
 
-    def _saw(self, message: Any) -> None:
+    def _saw(self, message: Any, topic: str) -> None:
+        self.metrics.consumed.labels("correlator", topic).inc()
         if message.timestamp and message.timestamp > 0:
             self.stream_ms = max(self.stream_ms, int(message.timestamp * 1000))
 
@@ -122,7 +148,7 @@ class Correlator:
     # ------------------------------------------------------------ inputs
 
     async def on_batch(self, message: Any) -> None:
-        self._saw(message)
+        self._saw(message, "events")
         batch = decode_batch(message.value)
         async with self.lock:
             st, before = self._load(state_key(batch.workload_id, batch.attempt))
@@ -134,7 +160,7 @@ class Correlator:
             await self._step(st, before)
 
     async def on_scheduler(self, message: Any) -> None:
-        self._saw(message)
+        self._saw(message, "scheduler")
         ev = decode_scheduler(message.value)
         async with self.lock:
             wl = ev.workload
@@ -158,6 +184,7 @@ class Correlator:
 
     async def dead_letter(self, message: Any, reason: str) -> None:
         self.counts["deadletter"] += 1
+        self.metrics.deadletter.labels("correlator").inc()
         log.warning("dead letter #%d from %s[%s]@%s: %s", self.counts["deadletter"], message.topic,
                     message.partition, message.offset, reason)
         b64 = (lambda b: base64.b64encode(b).decode() if b is not None else None)
@@ -178,28 +205,37 @@ class Correlator:
         if st.pending:
             await self._publish(st)
         for d in published:
-            self.counts["provisional" if d.provisional else ("final" if d.revision == 0 else "revision")] += 1
+            kind = "provisional" if d.provisional else ("final" if d.revision == 0 else "revision")
+            self.counts[kind] += 1
+            self.metrics.diagnoses.labels(d.status, kind).inc()
 
     async def _publish(self, st: WorkloadState) -> None:
+        sink = "kafka"
         try:
             await self.app.producer.flush()      # BEFORE: the outbox is in the changelog first
             for p in st.pending:
+                sink = "kafka"
                 if not p.sent:
                     fut = await self.out.send(key=st.workload_id.encode(), value=encode(p.diagnosis))
                     await fut                    # delivered, or it raises
                     p.sent = True
-                    d = p.diagnosis
-                    log.info("published %s rev %s%s: %s %s/%s (%s)", st.key, d.revision,
-                             " provisional" if d.provisional else "", d.status, d.domain, d.sub_domain,
-                             d.diagnosis_id)
+                    self._published(st, p.diagnosis)
+                sink = "redis"
                 if self.store is not None and not p.stored:
                     await asyncio.to_thread(self.store.save, p.diagnosis, ended_at=st.end_time)
                     p.stored = True
         except Exception as exc:                 # Kafka or the store is down: the timer retries
             self.counts["publish_errors"] += 1
-            log.warning("publishing %s failed, will retry: %s", st.key, exc)
+            self.metrics.publish_errors.labels(sink).inc()
+            log.warning("publishing %s to %s failed, will retry: %s", st.key, sink, exc)
         settle(st, has_store=self.store is not None)
         self._save(st)                           # AFTER: what was confirmed leaves the outbox
+
+    def _published(self, st: WorkloadState, d: Any) -> None:
+        log.info("published %s rev %s%s: %s %s/%s (%s)", st.key, d.revision, " provisional" if d.provisional else "",
+                 d.status, d.domain, d.sub_domain, d.diagnosis_id)
+        if not d.provisional and d.revision == 0 and st.end_seen is not None:
+            self.metrics.latency.observe((datetime.now(timezone.utc) - st.end_seen).total_seconds())
 
     # ------------------------------------------------------------ the timer
 
@@ -240,6 +276,7 @@ class Correlator:
                     await self._step(st, before)
         for key in set(self._wakes) - set(self.table.data.keys()):
             del self._wakes[key]
+        self.metrics.open.set(len(self.table.data))
         self._log_stats()
 
     def _log_stats(self) -> None:
@@ -323,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter")])
     app = make_app(cfg)
+    # /metrics only when asked for: `firstfault up` runs several workers on one host.
+    app.correlator.metrics.serve(int(os.environ.get("FIRSTFAULT_METRICS_PORT") or 0))
     sys.argv = ["firstfault-correlator", *args]
     app.main()                                        # Faust's CLI; exits the process
     return 0

@@ -20,16 +20,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, TopicPartition
-
-from firstfault.connectors.sinks.offset_index import OffsetIndex
-from firstfault.schemas import Diagnosis
-from firstfault.schemas.avro import decode
-
-from . import kafka
 from .config import StreamConfig
+
+# Kafka, Redis and Avro load on first use: `register` runs for every CLI command,
+# and `firstfault analyze` should not pay for the streaming stack.
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Message
+
+    from firstfault.connectors.sinks.offset_index import OffsetIndex
+    from firstfault.schemas import Diagnosis
 
 Mode = Literal["offsets", "scan"]
 TANSU_CLUSTER_ID = "tansu_cluster"
@@ -69,6 +70,8 @@ def time_index_mode(cfg: StreamConfig, env: Mapping[str, str] | None = None, con
     override = env.get("FIRSTFAULT_TIME_INDEX", "").strip().lower()
     if override in ("offsets", "scan"):
         return override  # type: ignore[return-value]
+    from . import kafka
+
     c = consumer or kafka.consumer(cfg, group=f"{cfg.prefix}probe-{uuid.uuid4().hex[:8]}")
     try:
         cluster_id = c.list_topics(timeout=10).cluster_id
@@ -92,6 +95,8 @@ class TopicReader:
         self.on_record = on_record
         self.read = 0            # messages fetched, before any filtering
         self._stop = False
+        from . import kafka
+
         # EOF events are only believed in 'offsets' mode (Tansu's end offsets are wrong).
         self.consumer = kafka.consumer(cfg, group=f"{cfg.prefix}reader-{uuid.uuid4().hex[:8]}",
                                        **{"fetch.wait.max.ms": 100, "enable.partition.eof": True})
@@ -110,6 +115,8 @@ class TopicReader:
             time.sleep(1.0)
 
     def start_offsets(self, parts: list[int]) -> dict[int, int]:
+        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
+
         if self.since_ms is None:
             return {p: OFFSET_BEGINNING for p in parts}
         if self.mode == "offsets":
@@ -121,6 +128,8 @@ class TopicReader:
         return {p: noted.get(p, 0) for p in parts}
 
     def __iter__(self) -> Iterator[Message]:
+        from confluent_kafka import KafkaError, TopicPartition
+
         parts = self.partitions(wait=self.follow)
         if not parts:
             return
@@ -170,6 +179,9 @@ class TopicReader:
 # ---------------------------------------------------------------- diagnoses
 def decode_diagnosis(value: bytes | None) -> Diagnosis | None:
     """Avro Diagnosis, else None (tombstones and foreign records are skipped, not fatal)."""
+    from firstfault.schemas import Diagnosis
+    from firstfault.schemas.avro import decode
+
     if not value:
         return None
     try:
@@ -198,6 +210,8 @@ def cmd_diagnoses(args: argparse.Namespace) -> int:
         print("firstfault: no broker: set FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap "
               "(`firstfault up` prints it)", file=sys.stderr)
         return 2
+    from firstfault.connectors.sinks.offset_index import OffsetIndex
+
     topic = cfg.topic("diagnoses")
     index = OffsetIndex(cfg.redis_url, cfg.prefix) if cfg.redis_url else None
     reader = TopicReader(cfg, topic, since_ms=args.since, follow=args.follow, idle_s=args.idle, index=index)

@@ -20,26 +20,21 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from firstfault.connectors.sinks.offset_index import OffsetIndex
-from firstfault.rules.catalog import Catalog, load_catalog
-from firstfault.rules.diagnose import diagnose
-from firstfault.rules.engine import inventory_from_paths
 from firstfault.rules.errors import RecordError
-from firstfault.rules.model import Ev, EventSet
-from firstfault.schemas import Diagnosis, RawLine, SchedulerEvent
-from firstfault.schemas.avro import encode
 
-from . import kafka
-from .codecs import decode_raw, decode_scheduler
 from .config import StreamConfig
-from .extractor import ExtractorCore
 from .follow import Mode, TopicReader, add_connection_flags, decode_diagnosis, iso_ms, parse_time, summary_line, \
     time_index_mode
-from .timeline import AllocationTimeline
+
+# The engine, Kafka and Redis load when a replay runs, not when the CLI registers its commands.
+if TYPE_CHECKING:
+    from firstfault.connectors.sinks.offset_index import OffsetIndex
+    from firstfault.rules.catalog import Catalog
+    from firstfault.schemas import Diagnosis, RawLine, SchedulerEvent
 
 Key = tuple[str, int]
 DIFF_FIELDS = ("status", "domain", "sub_domain", "root_cause", "responsible_nodes", "suspect_nodes")
@@ -122,6 +117,8 @@ class TimeBar:
 def select_attempts(cfg: StreamConfig, window: Window, mode: Mode, index: OffsetIndex | None, idle_s: float,
                     counts: dict[str, int]) -> dict[Key, SchedulerEvent]:
     """Attempts whose end event was published in the window (the last such event wins)."""
+    from .codecs import decode_scheduler
+
     chosen: dict[Key, SchedulerEvent] = {}
     bar = TimeBar("scheduler", window.since_ms, window.until_ms)
     reader = TopicReader(cfg, cfg.topic("scheduler"), since_ms=window.since_ms, until_ms=window.until_ms,
@@ -143,6 +140,14 @@ def select_attempts(cfg: StreamConfig, window: Window, mode: Mode, index: Offset
 
 def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Window, catalog: Catalog, mode: Mode,
                index: OffsetIndex | None, idle_s: float, counts: dict[str, int]) -> dict[Key, Diagnosis]:
+    from firstfault.rules.diagnose import diagnose
+    from firstfault.rules.engine import inventory_from_paths
+    from firstfault.rules.model import Ev, EventSet
+
+    from .codecs import decode_raw
+    from .extractor import ExtractorCore
+    from .timeline import AllocationTimeline
+
     if not chosen:
         return {}
     # hold_max=0: every end event is known up front, so a line that routes nowhere now never will.
@@ -249,6 +254,12 @@ def compare(new: dict[Key, Diagnosis], old: dict[Key, Diagnosis]) -> DiffReport:
 def replay(cfg: StreamConfig, window: Window, rules: str | None = None, output_topic: str | None = None,
            with_diff: bool = False, idle_s: float = 2.0, mode: Mode | None = None,
            emit: Callable[[Diagnosis], None] | None = None) -> ReplayReport:
+    from firstfault.connectors.sinks.offset_index import OffsetIndex
+    from firstfault.rules.catalog import load_catalog
+    from firstfault.schemas.avro import encode
+
+    from . import kafka
+
     t0 = time.monotonic()
     catalog = load_catalog(rules)
     mode = mode or time_index_mode(cfg)

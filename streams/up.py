@@ -32,7 +32,6 @@ from typing import Literal
 from pydantic import BaseModel
 
 from . import broker as broker_mod
-from . import kafka
 from .broker import EmbeddedBroker
 from .config import StreamConfig
 
@@ -345,6 +344,8 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0) -
             sup.hurry = signals["count"] > 1
         if signals["count"] == 1:
             log.info("%s: stopping (again to kill)", signal.Signals(signum).name)
+
+    from . import kafka        # confluent-kafka: only when the pipeline really starts
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     broker: EmbeddedBroker | None = None

@@ -100,3 +100,25 @@ def test_malformed_raw_record_goes_to_dead_letter_and_the_next_is_processed(work
     out = _drain(cfg, cfg.topic("events"), lambda got: any(decode_batch(m.value()).events for m in got))
     kinds = [e.kind for m in out for e in decode_batch(m.value()).events]
     assert kinds == ["xid"]
+
+
+def test_line_on_a_node_with_no_workload_is_kept_for_node_history(stream_cfg):
+    cfg = stream_cfg.model_copy(update={"hold_s": 0.5})
+    kafka.ensure_topics(cfg)
+    stop = threading.Event()
+    t = threading.Thread(target=_run_worker, args=(cfg, stop), daemon=True)
+    t.start()
+    try:
+        line = RawLine(host="node-77", path="logs/syslog/node-77.log", line=5,
+                       text="Nov  2 10:03:11 node-77 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+        prod = kafka.producer(cfg)
+        prod.produce(cfg.topic("raw"), key=b"node-77", value=encode(line))
+        prod.flush(10)
+        kept = _drain(cfg, cfg.topic("node-history"), lambda got: len(got) >= 1)
+    finally:
+        stop.set()
+        t.join(15)
+    from firstfault.schemas.avro import decode
+    ev = decode(kept[0].value())
+    assert kept[0].key() == b"node-77"
+    assert (ev.kind, ev.host, ev.ref.line, ev.fields["xid"]) == ("xid", "node-77", 5, 79)

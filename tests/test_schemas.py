@@ -56,3 +56,21 @@ def test_invalid_workload_names_the_field(doc, field):
 ])
 def test_terminal_state_follows_the_scheduler(state, terminal):
     assert normalize_terminal_state(state) == terminal
+
+
+def test_fast_rawline_decoder_agrees_with_fastavro():
+    import io
+
+    import fastavro
+
+    from firstfault.schemas.avro import _flat, _parsed
+
+    lines = [RawLine(host=None, path="logs/app/rank-3.log", line=1, text=""),
+             RawLine(host="node-02", path="logs/syslog/node-02.log", line=123456789, text="é\u2603 " * 50,
+                     source="syslog", workload_id="slurm-1", ingest_ts="2026-11-02T10:03:11.123456Z")]
+    for line in lines:
+        body = encode(line)[10:]
+        assert _flat("RawLine")(body) == fastavro.schemaless_reader(io.BytesIO(body), _parsed("RawLine")[0], None)
+        assert decode(encode(line)) == line
+    with pytest.raises(ValueError, match="corrupt RawLine"):
+        decode(encode(lines[1])[:-3])

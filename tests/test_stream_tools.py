@@ -328,6 +328,21 @@ def test_up_starts_supervises_and_stops_cleanly(tmp_path):
         pids = {(name or "broker"): pid for name, pid in pids.items()}
         assert {"broker", "extractor-1", "correlator"} <= set(pids)
 
+        # The printed way in works: ship a bundle, its diagnosis comes out of the pipeline.
+        bootstrap = re.search(r"FIRSTFAULT_KAFKA_BOOTSTRAP=(\S+)", text)[1]
+        cfg = StreamConfig(bootstrap=bootstrap, prefix=env["FIRSTFAULT_TOPIC_PREFIX"], partitions=1)
+        ship(OOM, cfg)
+        offline = analyze_path(OOM).diagnosis
+        # With a 1 s grace revision 0 may precede the extractor's last batches; late
+        # evidence then revises it. The pipeline must converge on the offline answer.
+        seen = []
+        for m in follow.TopicReader(cfg, cfg.topic("diagnoses"), mode="scan", idle_s=45.0):
+            d = decode(m.value())
+            seen.append((d.revision, d.provisional, d.status, d.sub_domain))
+            if not d.provisional and d.diagnosis_id == offline.diagnosis_id:
+                break
+        assert seen and seen[-1] == (seen[-1][0], False, "attributed", "host_oom"), (seen, "".join(err_lines))
+
         os.kill(pids["extractor-1"], signal.SIGKILL)          # a crash: it must come back
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not any("restarted extractor-1" in x for x in err_lines):

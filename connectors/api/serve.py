@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -87,9 +88,11 @@ def serve_main(argv: Sequence[str] | None = None, *, factory: str = DEFAULT_FACT
         value = getattr(settings, field)
         if value is not None:
             os.environ[env_name(field)] = str(value)
+    metrics_dir = None
     if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Aggregate /metrics over the workers (see metrics.py). Must be set before they start.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="firstfault-metrics-")
+        metrics_dir = tempfile.mkdtemp(prefix="firstfault-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
 
     auth = ("bearer tokens required (read: read or write token; POST /v1/analyze: write token)"
             if settings.auth_enabled else
@@ -102,8 +105,12 @@ def serve_main(argv: Sequence[str] | None = None, *, factory: str = DEFAULT_FACT
 
     import uvicorn
 
-    uvicorn.run(factory, factory=True, host=settings.host, port=settings.port, workers=settings.workers,
-                log_level=args.log_level, server_header=False, date_header=True)
+    try:
+        uvicorn.run(factory, factory=True, host=settings.host, port=settings.port, workers=settings.workers,
+                    log_level=args.log_level, server_header=False, date_header=True)
+    finally:
+        if metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 

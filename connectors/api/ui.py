@@ -3,11 +3,11 @@
 The page answers the on-call questions in order: did it fail and do we know why
 (status colour, one big root-cause line, the recovery action), where and when
 (a per-host timeline with the root cause marked and the symptoms it explains),
-and how do we know (the evidence trail with raw-line references).
+and how do we know (the evidence trail with raw-line references). The content
+comes from ``ui_view``; this module serves it (routes, login, HTML errors).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path as FsPath
 from typing import Annotated, Any
@@ -18,16 +18,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from firstfault.connectors.sinks.redis_store import InvalidCursor
-from firstfault.schemas import Diagnosis, Ref
+from firstfault.schemas import Diagnosis
 
 from .auth import UI_COOKIE
 from .context import ServiceContext
 from .errors import ApiError
+from .ui_view import diagnosis_view, headline
 
 HERE = FsPath(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 STATUSES = ("attributed", "ambiguous", "unattributed", "no_failure")
-MAX_LANES = 40
 HTML = {"text/html": {"schema": {"type": "string"}}}
 
 
@@ -36,193 +36,6 @@ def _html_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             404: "No such diagnosis", 422: "Invalid parameter", 500: "Unexpected error",
             503: "The diagnoses store is unavailable"}
     return {s: {"description": text[s], "content": HTML} for s in sorted({*statuses, 500})}
-
-
-def _parse_stamp(s: str | None) -> datetime | None:
-    if not s:
-        return None
-    try:
-        t = datetime.fromisoformat(s)
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
-
-
-def ref_text(r: Ref) -> str:
-    return f"{r.path}:{r.line}"
-
-
-def _delta(t: datetime | None, origin: datetime | None) -> str:
-    if t is None or origin is None:
-        return ""
-    s = (t - origin).total_seconds()
-    sign = "+" if s >= 0 else "−"
-    s = abs(s)
-    if s < 60:
-        return f"{sign}{s:.1f} s"
-    if s < 3600:
-        return f"{sign}{int(s // 60)} min {int(s % 60)} s"
-    return f"{sign}{s / 3600:.1f} h"
-
-
-ROW_PX = 14                     # one symptom group per row inside a lane
-
-
-@dataclass
-class Mark:
-    kind: str                   # "root" or "symptom"
-    label: str
-    left: float                 # percent of the axis
-    width: float
-    title: str
-    row: int = 0
-    explained: bool = True
-    anchor: str = ""
-    label_at: str = "after"     # "inside" a wide bar, "after" or "before" a narrow one
-
-
-@dataclass
-class Lane:
-    hosts: list[str]
-    role: str                   # responsible | suspect | candidate | ""
-    marks: list[Mark] = field(default_factory=list)
-    rows: int = 1
-
-    @property
-    def label(self) -> str:
-        return self.hosts[0] if len(self.hosts) == 1 else f"{self.hosts[0]} +{len(self.hosts) - 1}"
-
-
-@dataclass
-class Row:
-    when: datetime | None
-    delta: str
-    hosts: list[str]
-    kind: str
-    count: int
-    detail: str
-    ref: str
-    is_root: bool
-    explained: bool
-    anchor: str
-
-
-def _roles(d: Diagnosis) -> dict[str, str]:
-    """Hosts in reading order (blamed, suspected, candidates, the rest) with their role."""
-    role: dict[str, str] = {}
-    for h in d.responsible_nodes:
-        role.setdefault(h, "responsible")
-    if d.root_cause and d.root_cause.host:
-        role.setdefault(d.root_cause.host, "responsible")
-    for h in d.suspect_nodes:
-        role.setdefault(h, "suspect")
-    for c in d.candidates:
-        for h in c.nodes:
-            role.setdefault(h, "candidate")
-    for s in d.symptoms:
-        for h in sorted(s.hosts) or ["(no host)"]:
-            role.setdefault(h, "")
-    return role
-
-
-def _rows(d: Diagnosis, root_t: datetime | None, spans: list[tuple[Any, datetime | None, datetime | None]]) -> list[Row]:
-    rows: list[Row] = []
-    if d.root_cause is not None:
-        rc = d.root_cause
-        rows.append(Row(root_t, _delta(root_t, root_t), [rc.host] if rc.host else [], rc.kind, 1, rc.message,
-                        ref_text(rc.ref), True, True, "ev-root"))
-    for i, (s, first, last) in enumerate(spans):
-        detail = f"{len(s.hosts)} host{'s' if len(s.hosts) != 1 else ''}"
-        if s.ranks:
-            detail += f", {len(s.ranks)} rank{'s' if len(s.ranks) != 1 else ''}"
-        if first and last and last > first:
-            detail += f", over {_delta(last, first).lstrip('+')}"
-        rows.append(Row(first, _delta(first, root_t), s.hosts, s.kind, s.count, detail, ref_text(s.sample),
-                        False, s.explained, f"ev-sym-{i}"))
-    rows.sort(key=lambda r: (r.when is None, r.when or datetime.min.replace(tzinfo=timezone.utc), not r.is_root))
-    return rows
-
-
-def timeline(d: Diagnosis) -> dict[str, Any]:
-    """Host lanes over one time axis: the root cause as a marker, each symptom group as a bar.
-
-    Hosts that saw exactly the same symptom groups share a lane ("gpu-001 +30"), so a
-    512-node job still fits a screen; within a lane each group has its own row.
-    """
-    root_t = _parse_stamp(d.root_cause.onset or d.root_cause.timestamp) if d.root_cause else None
-    spans = [(s, _parse_stamp(s.first), _parse_stamp(s.last)) for s in d.symptoms]
-    times = [t for t in [root_t, *(a for _, a, _ in spans), *(b for _, _, b in spans)] if t is not None]
-    rows = _rows(d, root_t, spans)
-    if not times:
-        return {"lanes": [], "rows": rows, "ticks": [], "hidden_hosts": [], "row_px": ROW_PX}
-
-    t0, t1 = min(times), max(times)
-    span = max((t1 - t0).total_seconds(), 1.0)
-
-    def pos(t: datetime) -> float:
-        return round(2 + 96 * (t - t0).total_seconds() / span, 2)
-
-    roles = _roles(d)
-    root_host = (d.root_cause.host or "(unknown host)") if d.root_cause is not None and root_t else None
-    if root_host:
-        roles.setdefault(root_host, "responsible")
-    seen: dict[str, list[int]] = {h: [] for h in roles}
-    for i, (s, first, _) in enumerate(spans):
-        if first is not None:
-            for h in s.hosts or ["(no host)"]:
-                seen[h].append(i)
-    # One lane per (role, root marker, symptom groups) pattern, in host reading order.
-    lanes: dict[tuple[str, bool, tuple[int, ...]], Lane] = {}
-    for h, role in roles.items():
-        key = (role, h == root_host, tuple(seen[h]))
-        if not key[2] and not role and not key[1]:
-            continue
-        lanes.setdefault(key, Lane([], role)).hosts.append(h)
-    for (_, has_root, groups), lane in lanes.items():
-        if has_root and d.root_cause is not None and root_t is not None:
-            lane.marks.append(Mark("root", d.root_cause.kind, pos(root_t), 0, d.root_cause.message, anchor="ev-root"))
-        for row, i in enumerate(groups):
-            s, first, last = spans[i]
-            assert first is not None
-            left = pos(first)
-            width = max(round(pos(last or first) - left, 2), 0.4)
-            title = f"{s.kind} ×{s.count} on {len(s.hosts)} host(s): {s.first} … {s.last}"
-            title += "" if s.explained else " (not explained by the root cause)"
-            label_at = "inside" if width >= 14 else ("before" if left > 60 else "after")
-            lane.marks.append(Mark("symptom", f"{s.kind} ×{s.count}", left, width, title, row, s.explained,
-                                   f"ev-sym-{i}", label_at))
-        lane.rows = max(1, len(groups))
-    shown = list(lanes.values())
-    ticks = [{"left": round(2 + 96 * i / 4, 2),
-              "label": (t0 + (t1 - t0) * (i / 4)).strftime("%H:%M:%S")} for i in range(5)]
-    hidden = [h for lane in shown[MAX_LANES:] for h in lane.hosts]
-    return {"lanes": shown[:MAX_LANES], "hidden_hosts": hidden, "rows": rows, "ticks": ticks, "row_px": ROW_PX,
-            "window": f"{t0.strftime('%Y-%m-%d %H:%M:%S')} – {t1.strftime('%H:%M:%S')} UTC"}
-
-
-def headline(d: Diagnosis) -> dict[str, str]:
-    """The one line an on-call engineer reads first."""
-    if d.status == "attributed" and d.root_cause is not None:
-        return {"title": f"{d.root_cause.host or 'unknown host'} · {d.domain} / {d.sub_domain}",
-                "sentence": d.root_cause.message}
-    if d.status == "ambiguous":
-        return {"title": f"Ambiguous: {len(d.candidates)} causes fit",
-                "sentence": "; ".join(f"{c.sub_domain} on {', '.join(c.nodes) or 'unknown hosts'}"
-                                      for c in d.candidates)}
-    if d.status == "unattributed":
-        who = f" — suspects: {', '.join(d.suspect_nodes)}" if d.suspect_nodes else ""
-        return {"title": f"No root cause proven{who}",
-                "sentence": "; ".join(m.detail for m in d.missing_evidence[:3]) or "insufficient evidence"}
-    return {"title": "Completed — no failure", "sentence": f"terminal state {d.terminal_state}"}
-
-
-def diagnosis_view(d: Diagnosis) -> dict[str, Any]:
-    edges: dict[str, list[Any]] = {}
-    for e in d.explains:
-        edges.setdefault(e.target, []).append(e)
-    root_ref = d.root_cause.ref if d.root_cause else None
-    return {"d": d, "headline": headline(d), "timeline": timeline(d), "edges": edges,
-            "root_ref": ref_text(root_ref) if root_ref else None, "ref_text": ref_text}
 
 
 def _parse_filter_time(raw: str | None, label: str, notes: list[str]) -> datetime | None:

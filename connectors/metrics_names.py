@@ -1,0 +1,71 @@
+"""Every Prometheus metric firstfault exports, by the name a query uses.
+
+``ops/prometheus/alerts.yml`` and ``ops/grafana/firstfault.json`` may name only
+these (``tests/test_ops.py`` checks), so a renamed metric breaks a test instead of
+silently emptying a panel. Names are the sample names as scraped: counters end in
+``_total``; a histogram is declared once and queried as ``_bucket``/``_sum``/``_count``.
+
+Who exports what:
+
+* the REST service (``connectors/api/metrics.py``): ``HTTP_*``, ``API_DIAGNOSES``;
+* the stream workers (``streams/``): ``CONSUMER_LAG``, ``RECORDS_CONSUMED``,
+  ``DEADLETTER``, ``STREAM_DIAGNOSES``, ``FINALIZATION_LATENCY``, ``WORKLOADS_OPEN``,
+  ``PUBLISH_ERRORS``, each on ``FIRSTFAULT_METRICS_PORT`` (default ``METRICS_PORT``);
+* the connectors in this folder: the rest, on the same variable.
+"""
+from __future__ import annotations
+
+import re
+
+METRICS_PORT = 9464           # default for FIRSTFAULT_METRICS_PORT (workers and connectors)
+
+# --- REST service (exported today by connectors/api/metrics.py)
+HTTP_REQUESTS = "firstfault_http_requests_total"                      # labels: method, route, status
+HTTP_REQUEST_DURATION = "firstfault_http_request_duration_seconds"    # histogram: method, route
+API_DIAGNOSES = "firstfault_diagnoses_total"                          # labels: status, domain
+
+# --- stream workers (extractor, correlator)
+CONSUMER_LAG = "firstfault_consumer_lag_messages"                     # gauge: worker, topic, partition
+RECORDS_CONSUMED = "firstfault_records_consumed_total"                # counter: worker, topic
+DEADLETTER = "firstfault_deadletter_total"                            # counter: stage
+STREAM_DIAGNOSES = "firstfault_stream_diagnoses_total"                # counter: status, kind (provisional|final|revision)
+FINALIZATION_LATENCY = "firstfault_finalization_latency_seconds"      # histogram: scheduler end event -> final diagnosis published
+WORKLOADS_OPEN = "firstfault_workloads_open"                          # gauge: attempts held in correlator state
+PUBLISH_ERRORS = "firstfault_publish_errors_total"                    # counter: sink (kafka|redis)
+
+# --- scheduler connectors (slurm, kubernetes)
+SCHEDULER_EVENTS = "firstfault_scheduler_events_total"                # counter: scheduler, type (start|end)
+CONNECTOR_ERRORS = "firstfault_connector_errors_total"                # counter: connector
+CONNECTOR_LAST_SUCCESS = "firstfault_connector_last_success_timestamp_seconds"  # gauge: connector
+
+# --- alerting sink
+ALERT_QUEUE_DEPTH = "firstfault_alert_queue_depth"                    # gauge: webhook (the backlog)
+ALERT_OLDEST_AGE = "firstfault_alert_oldest_pending_seconds"          # gauge: webhook
+ALERTS_SENT = "firstfault_alerts_sent_total"                          # counter: webhook
+ALERT_ATTEMPT_FAILURES = "firstfault_alert_attempt_failures_total"    # counter: webhook (each failed try)
+ALERTS_DROPPED = "firstfault_alerts_dropped_total"                    # counter: webhook, reason (queue_full|rejected)
+ALERTS_SKIPPED = "firstfault_alerts_skipped_total"                    # counter: reason (duplicate|filtered)
+
+# --- recovery sink
+RECOVERY_DECISIONS = "firstfault_recovery_decisions_total"            # counter: decision (acted|dry_run|refused|failed)
+
+HISTOGRAMS = frozenset({HTTP_REQUEST_DURATION, FINALIZATION_LATENCY})
+DECLARED = frozenset(v for k, v in dict(globals()).items()
+                     if k.isupper() and isinstance(v, str) and v.startswith("firstfault_"))
+
+_SUFFIX = re.compile(r"_(bucket|sum|count)$")
+
+
+def family(sample: str) -> str:
+    """``x_bucket`` -> ``x`` for declared histograms; any other name unchanged."""
+    base = _SUFFIX.sub("", sample)
+    return base if base in HISTOGRAMS else sample
+
+
+def is_declared(sample: str) -> bool:
+    return family(sample) in DECLARED
+
+
+def base_name(sample: str) -> str:
+    """The name prometheus_client wants: it appends ``_total`` to counters itself."""
+    return sample[: -len("_total")] if sample.endswith("_total") else sample

@@ -1,0 +1,601 @@
+"""Slurm connector: ``sacct --json`` / ``squeue --json`` -> SchedulerEvent start and end records.
+
+Run it beside slurmctld (anywhere ``sacct`` and ``squeue`` work)::
+
+    FIRSTFAULT_KAFKA_BOOTSTRAP=kafka:9092 python -m firstfault.connectors.slurm \
+        --state /var/lib/firstfault/slurm.json
+
+**Workload and attempt.** ``workload_id`` is ``slurm-<job id>``. One *attempt* is one
+execution of the training program:
+
+* every numeric job step (``<id>.0``, ``<id>.1``, ... one per ``srun``) is an attempt, so
+  a batch script that retries ``srun`` after a failure gives attempts 0, 1, 2 ...;
+* an incarnation of the job with no numeric step (``python train.py`` straight from the
+  batch script) is one attempt, the allocation itself;
+* requeued incarnations (``sacct --duplicates``) continue the numbering in start order.
+
+So ``attempt`` is the ordinal of the execution across the job's history. It never
+changes once given: steps only get appended, and the history of a requeued job is
+read by job id (all incarnations) rather than from the polling window. The
+``batch``, ``extern`` and ``interactive`` steps are bookkeeping, not attempts.
+
+**State and exit code.** ``state`` is Slurm's word (``FAILED``, ``TIMEOUT``,
+``NODE_FAIL``, ``OUT_OF_MEMORY``...); a cancellation names who did it as the text
+``sacct`` prints, ``CANCELLED by <user>`` (JSON gives the user name, not the uid).
+When the scheduler ended the job (TIMEOUT, NODE_FAIL, PREEMPTED, DEADLINE, BOOT_FAIL)
+the last step, which Slurm records as merely ``CANCELLED``, takes the job's state.
+``exit_code`` is ``"N:M"`` (exit status : signal), as ``sacct`` prints it.
+
+**Position.** A state file keeps the polling watermark and the keys already
+published. Each poll asks ``squeue`` which jobs run now (slurmctld's live view: a
+start is seen even while slurmdbd lags), ``sacct`` for everything active since the
+watermark minus an overlap, and ``sacct -j`` for every job that started but whose
+end was not published yet, whatever its age. Records are published first, the state
+file is replaced (atomically) only after the broker confirmed them: a crash in
+between re-sends that one poll's records, which the correlator recognises as
+unchanged; nothing is ever skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from firstfault.schemas import SchedulerEvent, WorkloadRecord
+from firstfault.streams.config import StreamConfig
+
+from .hostlist import expand
+from .metrics_names import METRICS_PORT
+from .publish import ConnectorMetrics, SchedulerPublisher
+
+log = logging.getLogger("firstfault.connectors.slurm")
+
+# Base job states (data_parser JOB_STATE flags that are equalities); anything else in
+# ``state.current`` is a flag such as COMPLETING or REQUEUED.
+BASE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
+               "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
+NOT_ENDED = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
+# The scheduler ended the job: its last step only says CANCELLED (or FAILED).
+SCHEDULER_ENDED = frozenset({"TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL"})
+BOOKKEEPING_STEPS = frozenset({"batch", "extern", "interactive", "pending"})
+
+
+# ---------------------------------------------------------------- sacct / squeue JSON
+
+def _num(value: Any) -> int | None:
+    """data_parser numbers are plain or ``{"set", "infinite", "number"}``; unset/infinite -> None."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Tres(_Loose):
+    type: str
+    name: str = ""
+    count: int = 0
+
+
+class ExitCode(_Loose):
+    """PROCESS_EXIT_CODE: status flags, return code, signal."""
+
+    status: list[str] = Field(default_factory=list)
+    return_code: Any = None
+    signal: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> list[str]:
+        return [v] if isinstance(v, str) else (v or [])
+
+    def text(self) -> str | None:
+        """``N:M`` as sacct prints ExitCode; None while pending."""
+        if "PENDING" in self.status:
+            return None
+        rc = _num(self.return_code) or 0
+        sig = _num(self.signal.get("id")) or 0
+        return f"{rc}:{sig}"
+
+
+class StepId(_Loose):
+    id: str
+    name: str = ""
+
+
+class StepNodes(_Loose):
+    count: int | None = None
+    range: str = ""
+    list: list[str] = Field(default_factory=list)
+
+
+class SacctStep(_Loose):
+    step: StepId
+    state: list[str] = Field(default_factory=list)
+    exit_code: ExitCode = Field(default_factory=ExitCode)
+    time: dict[str, Any] = Field(default_factory=dict)
+    nodes: StepNodes = Field(default_factory=StepNodes)
+    tres: dict[str, Any] = Field(default_factory=dict)
+    kill_request_user: str = ""
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> list[str]:
+        return [v] if isinstance(v, str) else (v or [])
+
+    @property
+    def number(self) -> int | None:
+        """``"4471823.0"`` -> 0; batch/extern/interactive -> None."""
+        tail = self.step.id.rsplit(".", 1)[-1] if "." in self.step.id else ""
+        return int(tail) if tail.isdigit() else None
+
+
+class SacctJob(_Loose):
+    job_id: int
+    name: str = ""
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    cluster: str = ""
+    nodes: str = ""
+    state: dict[str, Any] = Field(default_factory=dict)
+    exit_code: ExitCode = Field(default_factory=ExitCode)
+    time: dict[str, Any] = Field(default_factory=dict)
+    restart_cnt: int = 0
+    kill_request_user: str = ""
+    failed_node: str = ""
+    tres: dict[str, Any] = Field(default_factory=dict)
+    steps: list[SacctStep] = Field(default_factory=list)
+
+
+class SacctOutput(_Loose):
+    """``sacct --json``: data_parser's ``openapi_slurmdbd_jobs_resp``."""
+
+    jobs: list[SacctJob] = Field(default_factory=list)
+    meta: dict[str, Any] = Field(default_factory=dict)
+    errors: list[Any] = Field(default_factory=list)
+
+
+class SqueueJob(_Loose):
+    job_id: int
+    name: str = ""
+    user_name: str = ""
+    account: str = ""
+    partition: str = ""
+    cluster: str = ""
+    nodes: str = ""
+    job_state: list[str] = Field(default_factory=list)
+    start_time: Any = None
+    time_limit: Any = None
+    restart_cnt: int = 0
+    tres_alloc_str: str = ""
+
+    @field_validator("job_state", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> list[str]:
+        return [v] if isinstance(v, str) else (v or [])
+
+
+class SqueueOutput(_Loose):
+    """``squeue --json``: data_parser's ``openapi_job_info_resp``."""
+
+    jobs: list[SqueueJob] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- mapping
+
+def base_state(words: Iterable[str]) -> str:
+    """The base state among data_parser's state words (the rest are flags)."""
+    words = list(words)
+    return next((w for w in words if w in BASE_STATES), words[0] if words else "UNKNOWN")
+
+
+def state_word(state: str, kill_user: str = "") -> str:
+    """The contract's ``state``: Slurm's word, a cancellation with its requester as sacct prints it."""
+    if state == "CANCELLED" and kill_user:
+        return f"CANCELLED by {kill_user}"
+    return state
+
+
+def gpus_in_tres(tres: Sequence[Tres] | Sequence[dict[str, Any]]) -> int | None:
+    """Total GPUs in a TRES list: the untyped ``gres/gpu`` if tracked, else the sum of typed ones."""
+    items = [t if isinstance(t, Tres) else Tres.model_validate(t) for t in tres]
+    gpus = [t for t in items if t.type == "gres" and (t.name == "gpu" or t.name.startswith("gpu:"))]
+    plain = [t.count for t in gpus if t.name == "gpu"]
+    if plain:
+        return plain[0]
+    typed = sum(t.count for t in gpus)
+    return typed or None
+
+
+def gpus_in_tres_str(tres: str) -> int | None:
+    """``cpu=2,mem=1G,node=2,gres/gpu=16`` (squeue's tres_alloc_str) -> 16."""
+    plain, typed = None, 0
+    for part in (tres or "").split(","):
+        key, _, value = part.partition("=")
+        if not value.isdigit():
+            continue
+        if key == "gres/gpu":
+            plain = int(value)
+        elif key.startswith("gres/gpu:"):
+            typed += int(value)
+    return plain if plain is not None else (typed or None)
+
+
+def per_node(total: int | None, nodes: int) -> int | None:
+    if not total or nodes <= 0 or total % nodes:
+        return None          # uneven placement: block rank->host inference would lie
+    return total // nodes
+
+
+def _utc(epoch: int | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, timezone.utc) if epoch and epoch > 0 else None
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One attempt: a numeric step, or an incarnation's allocation when it has none."""
+
+    job: SacctJob
+    step: SacctStep | None
+    attempt: int
+    last_in_incarnation: bool
+
+
+def executions(records: Sequence[SacctJob]) -> list[Execution]:
+    """A job's incarnations (requeues) in start order -> its attempts, numbered."""
+    ordered = sorted(records, key=lambda j: (_num(j.time.get("start")) or 2**62, j.restart_cnt,
+                                             _num(j.time.get("submission")) or 0))
+    out: list[Execution] = []
+    for job in ordered:
+        steps = sorted((s for s in job.steps if s.number is not None), key=lambda s: s.number)
+        if not steps:
+            out.append(Execution(job, None, len(out), True))
+            continue
+        for i, step in enumerate(steps):
+            out.append(Execution(job, step, len(out), i == len(steps) - 1))
+    return out
+
+
+def _record(ex: Execution, ended: bool) -> WorkloadRecord | None:
+    job, step = ex.job, ex.step
+    if step is not None:
+        start = _num(step.time.get("start"))
+        end = _num(step.time.get("end"))
+        nodes = step.nodes.list or expand(step.nodes.range)
+        gpus = gpus_in_tres(step.tres.get("allocated") or []) or gpus_in_tres(job.tres.get("allocated") or [])
+        gpu_nodes = len(nodes) if gpus_in_tres(step.tres.get("allocated") or []) else len(expand(job.nodes))
+        state = base_state(step.state)
+        job_state = base_state(job.state.get("current") or [])
+        if ex.last_in_incarnation and job_state in SCHEDULER_ENDED and state in ("CANCELLED", "FAILED"):
+            state = job_state
+        word = state_word(state, step.kill_request_user or job.kill_request_user)
+        exit_code = step.exit_code.text()
+    else:
+        start = _num(job.time.get("start"))
+        end = _num(job.time.get("end"))
+        nodes = expand(job.nodes)
+        gpus = gpus_in_tres(job.tres.get("allocated") or [])
+        gpu_nodes = len(nodes)
+        word = state_word(base_state(job.state.get("current") or []), job.kill_request_user)
+        exit_code = job.exit_code.text()
+    start_dt = _utc(start)
+    if start_dt is None or not nodes:
+        return None                      # never ran (pending, or cancelled while pending)
+    extra: dict[str, Any] = {
+        "user": job.user, "job_name": job.name, "partition": job.partition, "account": job.account,
+        "cluster": job.cluster, "slurm_job_id": str(job.job_id), "restart_cnt": job.restart_cnt,
+        "slurm_step": step.step.id if step is not None else None,
+    }
+    if job.failed_node:
+        extra["failed_node"] = job.failed_node
+    limit = _num(job.time.get("limit"))
+    data = {
+        "workload_id": f"slurm-{job.job_id}", "attempt": ex.attempt, "scheduler": "slurm",
+        "state": word if ended else "RUNNING",
+        "exit_code": exit_code if ended else None,
+        "start_time": start_dt,
+        "end_time": (_utc(end) or start_dt) if ended else None,
+        "nodes": nodes, "gpus_per_node": per_node(gpus, gpu_nodes),
+        "time_limit_s": limit * 60 if limit is not None else None,
+        **extra,
+    }
+    return WorkloadRecord.model_validate(data)
+
+
+def _ended(ex: Execution) -> bool:
+    if ex.step is not None:
+        return base_state(ex.step.state) not in NOT_ENDED and bool(_num(ex.step.time.get("end")))
+    return base_state(ex.job.state.get("current") or []) not in NOT_ENDED and bool(_num(ex.job.time.get("end")))
+
+
+def _squeue_start(job: SqueueJob) -> SchedulerEvent | None:
+    """A running job slurmdbd has not reported yet: the first incarnation's first attempt."""
+    if base_state(job.job_state) != "RUNNING" or job.restart_cnt:
+        return None                      # requeued: its attempt number needs the history from sacct
+    start = _utc(_num(job.start_time))
+    nodes = expand(job.nodes)
+    if start is None or not nodes:
+        return None
+    limit = _num(job.time_limit)
+    wl = WorkloadRecord.model_validate({
+        "workload_id": f"slurm-{job.job_id}", "attempt": 0, "scheduler": "slurm", "state": "RUNNING",
+        "start_time": start, "nodes": nodes, "gpus_per_node": per_node(gpus_in_tres_str(job.tres_alloc_str), len(nodes)),
+        "time_limit_s": limit * 60 if limit is not None else None,
+        "user": job.user_name, "job_name": job.name, "partition": job.partition, "account": job.account,
+        "cluster": job.cluster, "slurm_job_id": str(job.job_id), "restart_cnt": 0, "slurm_step": None,
+    })
+    return SchedulerEvent(type="start", workload=wl, ts=start)
+
+
+def _parse(model: type[BaseModel], doc: dict[str, Any] | BaseModel) -> Any:
+    return doc if isinstance(doc, model) else model.model_validate(doc)
+
+
+def scheduler_events(sacct: Sequence[dict[str, Any] | SacctOutput],
+                     squeue: dict[str, Any] | SqueueOutput | None = None) -> list[SchedulerEvent]:
+    """Every start and end event the given ``sacct --json`` (and ``squeue --json``) outputs imply.
+
+    Pure: same input, same list, ordered by time then key. A job seen in several
+    outputs takes its record from the last one (the freshest read).
+    """
+    by_job: dict[int, dict[tuple[int, int, int], SacctJob]] = {}
+    for doc in sacct:
+        parsed = _parse(SacctOutput, doc)
+        fresh: dict[int, dict[tuple[int, int, int], SacctJob]] = {}
+        for job in parsed.jobs:
+            key = (_num(job.time.get("submission")) or 0, _num(job.time.get("start")) or 0, job.restart_cnt)
+            fresh.setdefault(job.job_id, {})[key] = job
+        by_job.update(fresh)             # a later read replaces the whole history of a job
+    events: dict[tuple[str, int, str], SchedulerEvent] = {}
+    for records in by_job.values():
+        for ex in executions(list(records.values())):
+            ended = _ended(ex)
+            rec = _record(ex, ended)
+            if rec is None:
+                continue
+            start_rec = rec if not ended else WorkloadRecord.model_validate(
+                {**rec.model_dump(), "state": "RUNNING", "exit_code": None, "end_time": None})
+            events[(rec.workload_id, rec.attempt, "start")] = SchedulerEvent(type="start", workload=start_rec,
+                                                                             ts=rec.start_time)
+            if ended:
+                events[(rec.workload_id, rec.attempt, "end")] = SchedulerEvent(type="end", workload=rec,
+                                                                               ts=rec.end_time or rec.start_time)
+    if squeue is not None:
+        for job in _parse(SqueueOutput, squeue).jobs:
+            ev = _squeue_start(job)
+            if ev is not None:
+                events.setdefault((ev.workload.workload_id, 0, "start"), ev)
+    return sorted(events.values(), key=lambda e: (e.ts, e.workload.workload_id, e.workload.attempt,
+                                                  0 if e.type == "start" else 1))
+
+
+def event_key(ev: SchedulerEvent) -> str:
+    return f"{ev.workload.workload_id}|{ev.workload.attempt}|{ev.type}"
+
+
+# ---------------------------------------------------------------- position
+
+class PositionState(BaseModel):
+    """The state file: the watermark and what was published, so a restart neither misses nor repeats."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = 1
+    watermark: float | None = Field(default=None, description="unix time the last successful poll began")
+    published: dict[str, float] = Field(default_factory=dict,
+                                        description="event key -> event time; ends pruned once out of the window")
+    open_jobs: list[int] = Field(default_factory=list, description="jobs with a published start and no end yet")
+
+    @classmethod
+    def load(cls, path: Path) -> "PositionState":
+        if not path.exists():
+            return cls()
+        return cls.model_validate_json(path.read_text())
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.model_dump_json(indent=1))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- the poller
+
+class SlurmError(RuntimeError):
+    pass
+
+
+def _when(ts: float) -> str:
+    # sacct reads times without a zone in the local zone of the machine it runs on: ours.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts))
+
+
+class SlurmConnector:
+    def __init__(self, state_path: Path, publisher: Any, sacct: str = "sacct", squeue: str | None = "squeue",
+                 overlap_s: float = 900.0, lookback_s: float = 86400.0, extra_args: Sequence[str] = (),
+                 timeout_s: float = 120.0, metrics: ConnectorMetrics | None = None) -> None:
+        self.state_path = Path(state_path)
+        self.publisher, self.sacct, self.squeue = publisher, sacct, squeue
+        self.overlap_s, self.lookback_s, self.timeout_s = overlap_s, lookback_s, timeout_s
+        self.extra_args = list(extra_args)
+        self.metrics = metrics
+        self.state = PositionState.load(self.state_path)
+
+    def _run(self, argv: list[str]) -> dict[str, Any]:
+        try:
+            out = subprocess.run(argv, capture_output=True, timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SlurmError(f"{argv[0]}: {exc}") from None
+        if out.returncode != 0:
+            raise SlurmError(f"{' '.join(argv[:2])} exited {out.returncode}: {out.stderr.decode(errors='replace')[:300]}")
+        try:
+            doc = json.loads(out.stdout)
+        except ValueError as exc:
+            raise SlurmError(f"{argv[0]} printed no JSON: {exc}") from None
+        if doc.get("errors"):
+            raise SlurmError(f"{argv[0]} reported errors: {doc['errors'][:3]}")
+        return doc
+
+    def read(self, now: float) -> list[dict[str, Any]]:
+        """The outputs of one poll, oldest view first (later ones win in ``scheduler_events``)."""
+        since = (self.state.watermark - self.overlap_s) if self.state.watermark else now - self.lookback_s
+        docs = [self._run([self.sacct, "--json", "--allusers", "--duplicates", "--starttime", _when(since),
+                           "--endtime", "now", *self.extra_args])]
+        window = {j["job_id"] for j in docs[0].get("jobs", [])}
+        squeue_doc = None
+        if self.squeue:
+            squeue_doc = self._run([self.squeue, "--json", *self.extra_args])
+        requeued = {j["job_id"] for j in docs[0].get("jobs", []) if j.get("restart_cnt")}
+        # Jobs still open in our books whatever their age, and the full history of requeued ones.
+        by_id = sorted((set(self.state.open_jobs) - window) | requeued)
+        if by_id:
+            docs.append(self._run([self.sacct, "--json", "--allusers", "--duplicates", "--jobs",
+                                   ",".join(map(str, by_id)), *self.extra_args]))
+        if squeue_doc is not None:
+            docs.append({"squeue": squeue_doc})
+        return docs
+
+    def poll(self, now: float | None = None) -> list[SchedulerEvent]:
+        """One round: read, publish what is new, then advance. Returns what was published."""
+        now = time.time() if now is None else now
+        docs = self.read(now)
+        squeue_doc = next((d["squeue"] for d in docs if "squeue" in d), None)
+        events = scheduler_events([d for d in docs if "squeue" not in d], squeue_doc)
+        new = [e for e in events if event_key(e) not in self.state.published]
+        if new:
+            self.publisher.publish(new)
+        for e in new:
+            self.state.published[event_key(e)] = e.ts.timestamp()
+        self._bookkeep(events, now)
+        self.state.save(self.state_path)
+        if self.metrics is not None:
+            self.metrics.ok()
+        return new
+
+    def _bookkeep(self, events: list[SchedulerEvent], now: float) -> None:
+        keys = self.state.published
+        started = {k.rsplit("|", 1)[0] for k in keys if k.endswith("|start")}
+        ended = {k.rsplit("|", 1)[0] for k in keys if k.endswith("|end")}
+        self.state.open_jobs = sorted({int(w.split("|")[0].removeprefix("slurm-")) for w in started - ended})
+        self.state.watermark = now
+        # An attempt whose end is older than the next query window can no longer reappear.
+        horizon = now - self.overlap_s - 3600.0
+        done = {w for w in ended if keys.get(f"{w}|end", now) < horizon}
+        for w in done:
+            keys.pop(f"{w}|start", None)
+            keys.pop(f"{w}|end", None)
+
+    def run(self, interval_s: float, stop: Any = None) -> None:
+        while stop is None or not stop.is_set():
+            try:
+                published = self.poll()
+                if published:
+                    log.info("published %d scheduler events", len(published))
+            except Exception as exc:     # sacct down, broker down: keep the position, try again
+                if self.metrics is not None:
+                    self.metrics.failed()
+                log.warning("slurm poll failed, will retry: %s", exc)
+            if stop is not None:
+                stop.wait(interval_s)
+            else:
+                time.sleep(interval_s)
+
+
+# ---------------------------------------------------------------- command line
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m firstfault.connectors.slurm", description=__doc__.split("\n")[0])
+    p.add_argument("--kafka-bootstrap", default=env("FIRSTFAULT_KAFKA_BOOTSTRAP"))
+    p.add_argument("--state", default=env("FIRSTFAULT_SLURM_STATE", "firstfault-slurm-state.json"),
+                   help="position file (FIRSTFAULT_SLURM_STATE)")
+    p.add_argument("--interval", type=float, default=float(env("FIRSTFAULT_SLURM_INTERVAL_S", "30")),
+                   help="seconds between polls (FIRSTFAULT_SLURM_INTERVAL_S)")
+    p.add_argument("--overlap", type=float, default=float(env("FIRSTFAULT_SLURM_OVERLAP_S", "900")),
+                   help="re-read this much before the watermark: slurmdbd lag (FIRSTFAULT_SLURM_OVERLAP_S)")
+    p.add_argument("--lookback", type=float, default=float(env("FIRSTFAULT_SLURM_LOOKBACK_S", "86400")),
+                   help="first run: how far back to start (FIRSTFAULT_SLURM_LOOKBACK_S)")
+    p.add_argument("--clusters", default=env("FIRSTFAULT_SLURM_CLUSTERS"), help="sacct/squeue --clusters")
+    p.add_argument("--partition", default=env("FIRSTFAULT_SLURM_PARTITION"), help="sacct/squeue --partition")
+    p.add_argument("--no-squeue", action="store_true", help="sacct only (no slurmctld access)")
+    p.add_argument("--once", action="store_true", help="one poll, print the events as JSON lines")
+    p.add_argument("--dry-run", action="store_true", help="print instead of publishing (implies nothing is saved)")
+    p.add_argument("--metrics-port", type=int, default=int(env("FIRSTFAULT_METRICS_PORT", str(METRICS_PORT))))
+    return p
+
+
+class _Printer:
+    def publish(self, events: Sequence[SchedulerEvent]) -> int:
+        for e in events:
+            sys.stdout.write(e.model_dump_json() + "\n")
+        sys.stdout.flush()
+        return len(events)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not shutil.which("sacct"):
+        print("firstfault slurm: sacct is not on PATH", file=sys.stderr)
+        return 2
+    extra: list[str] = []
+    if args.clusters:
+        extra += ["--clusters", args.clusters]
+    if args.partition:
+        extra += ["--partition", args.partition]
+    metrics = ConnectorMetrics("slurm")
+    if args.dry_run:
+        publisher: Any = _Printer()
+        state = Path(tempfile.mkdtemp(prefix="firstfault-slurm-")) / "state.json"
+    else:
+        cfg = StreamConfig.from_env(bootstrap=args.kafka_bootstrap)
+        if not cfg.bootstrap:
+            print("firstfault slurm: set FIRSTFAULT_KAFKA_BOOTSTRAP or --kafka-bootstrap (or use --dry-run)",
+                  file=sys.stderr)
+            return 2
+        publisher = SchedulerPublisher(cfg, metrics)
+        state = Path(args.state)
+    conn = SlurmConnector(state, publisher, squeue=None if args.no_squeue else "squeue", overlap_s=args.overlap,
+                          lookback_s=args.lookback, extra_args=extra, metrics=metrics)
+    try:
+        if args.once or args.dry_run:
+            conn.poll()
+            return 0
+        metrics.serve(args.metrics_port)
+        conn.run(args.interval)
+    except (SlurmError, ValidationError) as exc:
+        print(f"firstfault slurm: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
