@@ -36,7 +36,8 @@ def free_port() -> int:
 
 def payload(sample: Path) -> bytes:
     files = {p.relative_to(sample).as_posix(): p.read_bytes().decode("utf-8", "surrogateescape")
-             for p in sorted(sample.rglob("*")) if p.is_file() and p.relative_to(sample).parts[0] in ("logs", "metrics")}
+             for p in sorted(sample.rglob("*"))
+             if p.is_file() and p.relative_to(sample).parts[0] in ("logs", "metrics")}
     return json.dumps({"workload": json.loads((sample / "workload.json").read_text()), "files": files}).encode()
 
 

@@ -6,9 +6,13 @@ the broker confirmed every record, so a connector may advance its position after
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -84,3 +88,46 @@ class SchedulerPublisher:
             for ev in events:
                 self.metrics.events.labels(ev.workload.scheduler, ev.type).inc()
         return len(events)
+
+
+class PublishedLog:
+    """Keys of the events already published, kept in a JSON file so a restart does not repeat them.
+
+    Without a path it lives in memory only. Keys are forgotten ``retention_s`` after
+    their event time: by then the source no longer reports that attempt.
+    """
+
+    def __init__(self, path: Path | None = None, retention_s: float = 7 * 86400.0) -> None:
+        self.path, self.retention_s = path, retention_s
+        self.keys: dict[str, float] = {}
+        if path is not None and path.exists():
+            self.keys = {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+
+    def new(self, events: Sequence[SchedulerEvent], key: Callable[[SchedulerEvent], str]) -> list[SchedulerEvent]:
+        seen: set[str] = set()
+        out = []
+        for e in events:
+            k = key(e)
+            if k not in self.keys and k not in seen:
+                seen.add(k)
+                out.append(e)
+        return out
+
+    def mark(self, events: Sequence[SchedulerEvent], key: Callable[[SchedulerEvent], str]) -> None:
+        for e in events:
+            self.keys[key(e)] = e.ts.timestamp()
+        horizon = time.time() - self.retention_s
+        self.keys = {k: t for k, t in self.keys.items() if t >= horizon}
+        if self.path is not None:
+            atomic_write(self.path, json.dumps(self.keys, sort_keys=True))
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so a crash leaves the old or the new file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

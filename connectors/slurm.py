@@ -59,7 +59,7 @@ from firstfault.streams.config import StreamConfig
 
 from .hostlist import expand
 from .metrics_names import METRICS_PORT
-from .publish import ConnectorMetrics, SchedulerPublisher
+from .publish import ConnectorMetrics, SchedulerPublisher, atomic_write
 
 log = logging.getLogger("firstfault.connectors.slurm")
 
@@ -127,8 +127,8 @@ class StepId(_Loose):
 
 class StepNodes(_Loose):
     count: int | None = None
-    range: str = ""
-    list: list[str] = Field(default_factory=list)
+    expr: str = Field(default="", alias="range")
+    names: list[str] = Field(default_factory=list, alias="list")
 
 
 class SacctStep(_Loose):
@@ -284,9 +284,10 @@ def _record(ex: Execution, ended: bool) -> WorkloadRecord | None:
     if step is not None:
         start = _num(step.time.get("start"))
         end = _num(step.time.get("end"))
-        nodes = step.nodes.list or expand(step.nodes.range)
-        gpus = gpus_in_tres(step.tres.get("allocated") or []) or gpus_in_tres(job.tres.get("allocated") or [])
-        gpu_nodes = len(nodes) if gpus_in_tres(step.tres.get("allocated") or []) else len(expand(job.nodes))
+        nodes = step.nodes.names or expand(step.nodes.expr) or expand(job.nodes)
+        step_gpus = gpus_in_tres(step.tres.get("allocated") or [])
+        gpn = per_node(step_gpus, len(nodes)) if step_gpus else \
+            per_node(gpus_in_tres(job.tres.get("allocated") or []), len(expand(job.nodes)))
         state = base_state(step.state)
         job_state = base_state(job.state.get("current") or [])
         if ex.last_in_incarnation and job_state in SCHEDULER_ENDED and state in ("CANCELLED", "FAILED"):
@@ -297,8 +298,7 @@ def _record(ex: Execution, ended: bool) -> WorkloadRecord | None:
         start = _num(job.time.get("start"))
         end = _num(job.time.get("end"))
         nodes = expand(job.nodes)
-        gpus = gpus_in_tres(job.tres.get("allocated") or [])
-        gpu_nodes = len(nodes)
+        gpn = per_node(gpus_in_tres(job.tres.get("allocated") or []), len(nodes))
         word = state_word(base_state(job.state.get("current") or []), job.kill_request_user)
         exit_code = job.exit_code.text()
     start_dt = _utc(start)
@@ -318,7 +318,7 @@ def _record(ex: Execution, ended: bool) -> WorkloadRecord | None:
         "exit_code": exit_code if ended else None,
         "start_time": start_dt,
         "end_time": (_utc(end) or start_dt) if ended else None,
-        "nodes": nodes, "gpus_per_node": per_node(gpus, gpu_nodes),
+        "nodes": nodes, "gpus_per_node": gpn,
         "time_limit_s": limit * 60 if limit is not None else None,
         **extra,
     }
@@ -416,13 +416,7 @@ class PositionState(BaseModel):
         return cls.model_validate_json(path.read_text())
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.model_dump_json(indent=1))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, self.model_dump_json(indent=1))
 
 
 # ---------------------------------------------------------------- the poller
@@ -438,11 +432,13 @@ def _when(ts: float) -> str:
 
 class SlurmConnector:
     def __init__(self, state_path: Path, publisher: Any, sacct: str = "sacct", squeue: str | None = "squeue",
-                 overlap_s: float = 900.0, lookback_s: float = 86400.0, extra_args: Sequence[str] = (),
-                 timeout_s: float = 120.0, metrics: ConnectorMetrics | None = None) -> None:
+                 overlap_s: float = 900.0, lookback_s: float = 86400.0, retention_s: float = 7 * 86400.0,
+                 extra_args: Sequence[str] = (), timeout_s: float = 120.0,
+                 metrics: ConnectorMetrics | None = None) -> None:
         self.state_path = Path(state_path)
         self.publisher, self.sacct, self.squeue = publisher, sacct, squeue
         self.overlap_s, self.lookback_s, self.timeout_s = overlap_s, lookback_s, timeout_s
+        self.retention_s = max(retention_s, overlap_s + 3600.0)
         self.extra_args = list(extra_args)
         self.metrics = metrics
         self.state = PositionState.load(self.state_path)
@@ -462,52 +458,49 @@ class SlurmConnector:
             raise SlurmError(f"{argv[0]} reported errors: {doc['errors'][:3]}")
         return doc
 
-    def read(self, now: float) -> list[dict[str, Any]]:
-        """The outputs of one poll, oldest view first (later ones win in ``scheduler_events``)."""
+    def read(self, now: float) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """One poll's ``sacct`` outputs (oldest view first: later ones win) and ``squeue``'s."""
         since = (self.state.watermark - self.overlap_s) if self.state.watermark else now - self.lookback_s
-        docs = [self._run([self.sacct, "--json", "--allusers", "--duplicates", "--starttime", _when(since),
-                           "--endtime", "now", *self.extra_args])]
-        window = {j["job_id"] for j in docs[0].get("jobs", [])}
-        squeue_doc = None
-        if self.squeue:
-            squeue_doc = self._run([self.squeue, "--json", *self.extra_args])
-        requeued = {j["job_id"] for j in docs[0].get("jobs", []) if j.get("restart_cnt")}
-        # Jobs still open in our books whatever their age, and the full history of requeued ones.
-        by_id = sorted((set(self.state.open_jobs) - window) | requeued)
+        window = self._run([self.sacct, "--json", "--allusers", "--duplicates", "--starttime", _when(since),
+                            "--endtime", "now", *self.extra_args])
+        running = self._run([self.squeue, "--json", *self.extra_args]) if self.squeue else None
+        in_window = {j.get("job_id") for j in window.get("jobs", [])}
+        requeued = {j.get("job_id") for j in window.get("jobs", []) if j.get("restart_cnt")}
+        # Jobs open in our books whatever their age, and the whole history of requeued ones
+        # (``-j`` without ``-S`` reads from the epoch), so attempt numbers never shift.
+        by_id = sorted((set(self.state.open_jobs) - in_window) | requeued)
+        docs = [window]
         if by_id:
             docs.append(self._run([self.sacct, "--json", "--allusers", "--duplicates", "--jobs",
                                    ",".join(map(str, by_id)), *self.extra_args]))
-        if squeue_doc is not None:
-            docs.append({"squeue": squeue_doc})
-        return docs
+        return docs, running
 
     def poll(self, now: float | None = None) -> list[SchedulerEvent]:
         """One round: read, publish what is new, then advance. Returns what was published."""
         now = time.time() if now is None else now
-        docs = self.read(now)
-        squeue_doc = next((d["squeue"] for d in docs if "squeue" in d), None)
-        events = scheduler_events([d for d in docs if "squeue" not in d], squeue_doc)
+        docs, running = self.read(now)
+        events = scheduler_events(docs, running)
         new = [e for e in events if event_key(e) not in self.state.published]
         if new:
-            self.publisher.publish(new)
+            self.publisher.publish(new)          # raises unless the broker confirmed all of them
         for e in new:
             self.state.published[event_key(e)] = e.ts.timestamp()
-        self._bookkeep(events, now)
+        self._bookkeep(now)
         self.state.save(self.state_path)
         if self.metrics is not None:
             self.metrics.ok()
         return new
 
-    def _bookkeep(self, events: list[SchedulerEvent], now: float) -> None:
+    def _bookkeep(self, now: float) -> None:
         keys = self.state.published
         started = {k.rsplit("|", 1)[0] for k in keys if k.endswith("|start")}
         ended = {k.rsplit("|", 1)[0] for k in keys if k.endswith("|end")}
         self.state.open_jobs = sorted({int(w.split("|")[0].removeprefix("slurm-")) for w in started - ended})
         self.state.watermark = now
-        # An attempt whose end is older than the next query window can no longer reappear.
-        horizon = now - self.overlap_s - 3600.0
-        done = {w for w in ended if keys.get(f"{w}|end", now) < horizon}
-        for w in done:
+        # Forget finished attempts only long after they left the query window: a requeued
+        # job's history is re-read by id, and its old attempts must still count as sent.
+        horizon = now - self.retention_s
+        for w in [w for w in ended if keys.get(f"{w}|end", now) < horizon]:
             keys.pop(f"{w}|start", None)
             keys.pop(f"{w}|end", None)
 
@@ -544,8 +537,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clusters", default=env("FIRSTFAULT_SLURM_CLUSTERS"), help="sacct/squeue --clusters")
     p.add_argument("--partition", default=env("FIRSTFAULT_SLURM_PARTITION"), help="sacct/squeue --partition")
     p.add_argument("--no-squeue", action="store_true", help="sacct only (no slurmctld access)")
-    p.add_argument("--once", action="store_true", help="one poll, print the events as JSON lines")
-    p.add_argument("--dry-run", action="store_true", help="print instead of publishing (implies nothing is saved)")
+    p.add_argument("--retention", type=float, default=float(env("FIRSTFAULT_SLURM_RETENTION_S", str(7 * 86400))),
+                   help="how long finished attempts stay in the state file (FIRSTFAULT_SLURM_RETENTION_S)")
+    p.add_argument("--once", action="store_true", help="one poll, then exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="one poll from --lookback, print the events as JSON lines; publish and save nothing")
     p.add_argument("--metrics-port", type=int, default=int(env("FIRSTFAULT_METRICS_PORT", str(METRICS_PORT))))
     return p
 
@@ -582,7 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         publisher = SchedulerPublisher(cfg, metrics)
         state = Path(args.state)
     conn = SlurmConnector(state, publisher, squeue=None if args.no_squeue else "squeue", overlap_s=args.overlap,
-                          lookback_s=args.lookback, extra_args=extra, metrics=metrics)
+                          lookback_s=args.lookback, retention_s=args.retention, extra_args=extra,
+                          metrics=metrics)
     try:
         if args.once or args.dry_run:
             conn.poll()

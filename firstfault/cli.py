@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stream_flags(p)
     p.set_defaults(fn=cmd_ship)
 
+    from firstfault.streams import follow, replay, up
+
+    up.register(sub)        # up, topology
+    follow.register(sub)    # diagnoses
+    replay.register(sub)    # replay
+
     rules = sub.add_parser("rules", help="test, lint and list the rule catalog")
     rsub = rules.add_subparsers(dest="rules_command", required=True)
     for name, fn, helptext in (("test", cmd_rules_test, "run every rule's own examples"),

@@ -37,8 +37,9 @@ def free_port() -> int:
 class EmbeddedBroker:
     """A Tansu broker on 127.0.0.1 with in-memory storage (nothing survives a restart)."""
 
-    def __init__(self, log_path: str | Path | None = None, tries: int = 3) -> None:
+    def __init__(self, log_path: str | Path | None = None, tries: int = 3, popen_kwargs: dict | None = None) -> None:
         self.log_path = Path(log_path) if log_path else None
+        self.popen_kwargs = popen_kwargs or {}
         self.tries = tries
         self.proc: subprocess.Popen | None = None
         self.bootstrap: str | None = None
@@ -52,7 +53,8 @@ class EmbeddedBroker:
             url = f"tcp://127.0.0.1:{port}"
             out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
             proc = subprocess.Popen([binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                                     "--storage-engine", "memory://tansu/"], stdout=out, stderr=subprocess.STDOUT)
+                                     "--storage-engine", "memory://tansu/"], stdout=out, stderr=subprocess.STDOUT,
+                                    **{"start_new_session": True, **self.popen_kwargs})  # Ctrl-C reaches our supervisor only
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and proc.poll() is None:
                 try:

@@ -244,6 +244,10 @@ class ExtractorWorker:
         meta = self.sched.list_topics(cfg.topic("scheduler"), timeout=10).topics.get(cfg.topic("scheduler"))
         parts = sorted(meta.partitions) if meta and meta.partitions else list(range(cfg.partitions))
         self.sched.assign([TopicPartition(cfg.topic("scheduler"), p, 0) for p in parts])
+        # Replay's time -> offset index, for brokers whose time index is wrong (Tansu).
+        from firstfault.connectors.sinks.offset_index import OffsetIndex
+
+        self.offsets = OffsetIndex(cfg.redis_url, prefix=cfg.prefix)
         self._stop = False
 
     def stop(self, *_: object) -> None:
@@ -266,6 +270,7 @@ class ExtractorWorker:
             for m in msgs:
                 if m.error():
                     continue
+                self.offsets.note_message(m)
                 try:
                     self.core.timeline.apply(decode_scheduler(m.value()))
                     n += 1
@@ -296,6 +301,7 @@ class ExtractorWorker:
             if m.error():
                 log.warning("consumer error: %s", m.error())
                 continue
+            self.offsets.note_message(m)
             try:
                 records.append((decode_raw(m.value(), m.key(), m.headers()), m.timestamp()[1]))
             except RecordError as exc:
@@ -322,6 +328,7 @@ class ExtractorWorker:
         self.close()
 
     def close(self) -> None:
+        self.offsets.close()
         self.producer.flush(10)
         self.consumer.close()
         self.sched.close()

@@ -64,21 +64,25 @@ def iso_ms(ms: int | None) -> str:
 
 
 # ---------------------------------------------------------------- broker kind
+def broker_is_tansu(cfg: StreamConfig, consumer: Consumer | None = None) -> bool:
+    """Tansu names its cluster ``tansu_cluster`` in metadata (stack.md §1)."""
+    from . import kafka
+
+    c = consumer or kafka.consumer(cfg, group=f"{cfg.prefix}probe-{uuid.uuid4().hex[:8]}")
+    try:
+        return c.list_topics(timeout=10).cluster_id == TANSU_CLUSTER_ID
+    finally:
+        if consumer is None:
+            c.close()
+
+
 def time_index_mode(cfg: StreamConfig, env: Mapping[str, str] | None = None, consumer: Consumer | None = None) -> Mode:
     """'offsets' when the broker's time index and end offsets can be trusted, else 'scan'."""
     env = os.environ if env is None else env
     override = env.get("FIRSTFAULT_TIME_INDEX", "").strip().lower()
     if override in ("offsets", "scan"):
         return override  # type: ignore[return-value]
-    from . import kafka
-
-    c = consumer or kafka.consumer(cfg, group=f"{cfg.prefix}probe-{uuid.uuid4().hex[:8]}")
-    try:
-        cluster_id = c.list_topics(timeout=10).cluster_id
-    finally:
-        if consumer is None:
-            c.close()
-    return "scan" if cluster_id == TANSU_CLUSTER_ID else "offsets"
+    return "scan" if broker_is_tansu(cfg, consumer) else "offsets"
 
 
 # ---------------------------------------------------------------- reader
@@ -134,7 +138,8 @@ class TopicReader:
         if not parts:
             return
         self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.start_offsets(parts).items()])
-        done: set[int] = set()           # EOF reached (offsets mode) or past `until`
+        eof: set[int] = set()            # at the end (offsets mode only)
+        past: set[int] = set()           # past `until`: paused for good
         stop_after = self.until_ms + SKEW_MS if self.until_ms is not None else None
         # Kafka mode ends on EOF; the idle limit there only guards against a partition that never answers.
         idle = self.idle_s if self.mode == "scan" else max(10.0, 5 * self.idle_s)
@@ -148,7 +153,7 @@ class TopicReader:
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
                             if self.mode == "offsets":
-                                done.add(m.partition())
+                                eof.add(m.partition())
                         else:
                             print(f"firstfault: {self.topic}: {err}", file=sys.stderr)
                         continue
@@ -162,15 +167,14 @@ class TopicReader:
                         continue
                     if ts is not None and self.until_ms is not None and ts >= self.until_ms:
                         if not self.follow and stop_after is not None and ts > stop_after:
-                            done.add(m.partition())
+                            past.add(m.partition())
                             self.consumer.pause([TopicPartition(self.topic, m.partition())])
                         continue
-                    if self.mode == "offsets":
-                        done.discard(m.partition())
+                    eof.discard(m.partition())
                     yield m
                 if self.follow:
                     continue
-                if len(done) >= len(parts) or now - last >= idle:
+                if len(eof | past) >= len(parts) or now - last >= idle:
                     return
         finally:
             self.consumer.close()
@@ -194,7 +198,7 @@ def decode_diagnosis(value: bytes | None) -> Diagnosis | None:
 def summary_line(d: Diagnosis, published_ms: int | None = None) -> str:
     """One readable line: when, which attempt, which revision, the verdict and whom it blames."""
     rev = "-" if d.revision is None else str(d.revision)
-    phase = "provisional" if d.provisional else "final"
+    phase = "provisional" if d.provisional else ("final" if d.revision is not None else "offline")  # replay, analyze
     where = f"{d.domain}/{d.sub_domain}"
     blame = f"responsible {','.join(d.responsible_nodes)}" if d.responsible_nodes else "responsible -"
     if d.suspect_nodes:
@@ -205,17 +209,18 @@ def summary_line(d: Diagnosis, published_ms: int | None = None) -> str:
 
 
 def cmd_diagnoses(args: argparse.Namespace) -> int:
-    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=getattr(args, "redis_url", None))
+    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, prefix=args.prefix)
     if not cfg.bootstrap:
         print("firstfault: no broker: set FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap "
               "(`firstfault up` prints it)", file=sys.stderr)
         return 2
     from firstfault.connectors.sinks.offset_index import OffsetIndex
 
-    topic = cfg.topic("diagnoses")
+    topic = cfg.topics.get(args.topic, args.topic)
     index = OffsetIndex(cfg.redis_url, cfg.prefix) if cfg.redis_url else None
     reader = TopicReader(cfg, topic, since_ms=args.since, follow=args.follow, idle_s=args.idle, index=index)
     if not reader.follow and not reader.partitions():
+        reader.consumer.close()
         print(f"firstfault: topic {topic} does not exist (is the pipeline up?)", file=sys.stderr)
         return 0
     skipped = 0
@@ -242,6 +247,7 @@ def cmd_diagnoses(args: argparse.Namespace) -> int:
 def add_connection_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (FIRSTFAULT_KAFKA_BOOTSTRAP)")
     p.add_argument("--redis-url", default=None, help="Redis URL (FIRSTFAULT_REDIS_URL)")
+    p.add_argument("--prefix", default=None, help="topic prefix (FIRSTFAULT_TOPIC_PREFIX, default 'firstfault.')")
 
 
 def register(subparsers) -> None:
@@ -252,6 +258,8 @@ def register(subparsers) -> None:
                    help="only those published at or after this time (ISO-8601, or an age: 30m, 2d)")
     p.add_argument("--idle", type=float, default=2.0,
                    help="without --follow: stop after this many seconds with nothing new (default 2)")
+    p.add_argument("--topic", default="diagnoses",
+                   help="a logical topic (diagnoses, diagnoses-replay) or a full name; default diagnoses")
     add_connection_flags(p)
     p.set_defaults(fn=cmd_diagnoses)
 

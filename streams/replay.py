@@ -16,7 +16,6 @@ the fact, the window is when it was shipped. Seeking: see ``follow.TopicReader``
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -320,7 +319,8 @@ def render_text(report: ReplayReport) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, rules=args.rules)
+    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, rules=args.rules,
+                                prefix=args.prefix)
     if not cfg.bootstrap:
         print("firstfault: no broker: set FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap", file=sys.stderr)
         return 2

@@ -24,16 +24,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
 
-from . import broker as broker_mod
 from .broker import EmbeddedBroker
 from .config import StreamConfig
+from .follow import broker_is_tansu
 
 log = logging.getLogger("firstfault.up")
 
@@ -85,25 +84,25 @@ _TOPIC_SHAPES = {
     "events": ("workload_id", "Avro EventBatch: one workload attempt's merged events"),
     "diagnoses": ("workload_id", "Avro Diagnosis (revision, provisional)"),
     "deadletter": ("the refused record's key", "JSON DeadLetter: reason, stage, origin, original bytes"),
-    "node-history": ("host", "node-scoped lines no workload attempt claimed"),
+    "node-history": ("host", "Avro Event: a node-scoped line no workload attempt claimed, extracted on its own"),
     "diagnoses-replay": ("workload_id", "Avro Diagnosis from `firstfault replay`"),
 }
 
 
 def describe(cfg: StreamConfig, extractors: int = 1) -> Topology:
     """The pipeline as configured (the Kafka Streams ``Topology.describe()`` idea)."""
-    redis = cfg.redis_url or "none: the correlator keeps diagnoses in process memory"
+    redis = cfg.redis_url or "none: diagnoses live only on the diagnoses topic; the service uses its in-process store"
     workers = [
         WorkerInfo(name="extractor", kind="worker", instances=extractors, command="python -m firstfault.streams.extractor",
                    group=cfg.extractor_group, inputs=["raw (group)", "scheduler (every partition, no group)"],
-                   outputs=["events", "deadletter"],
+                   outputs=["events", "node-history", "deadletter"],
                    stores=["allocation timeline (memory, rebuilt from the scheduler topic)",
                            f"held lines waiting for their workload (memory, <= {cfg.hold_max} for {cfg.hold_s:g}s)",
                            "last lines per file for stamp inheritance (memory)"]),
         WorkerInfo(name="correlator", kind="worker", instances=1, command="python -m firstfault.streams.correlator",
                    group=cfg.app_id, inputs=["events", "scheduler"], outputs=["diagnoses", "deadletter"],
                    stores=["workload state per '<workload_id>:<attempt>' (Faust table, changelog topic)",
-                           f"diagnoses store ({'Redis ' + cfg.redis_url if cfg.redis_url else 'in-process'})"]),
+                           f"diagnoses store ({'Redis ' + cfg.redis_url if cfg.redis_url else 'none: topic only'})"]),
         WorkerInfo(name="ship", kind="command", instances=1, command="firstfault ship PATH", group=None,
                    inputs=["a bundle"], outputs=["scheduler", "raw"], stores=[]),
         WorkerInfo(name="diagnoses", kind="command", instances=1, command="firstfault diagnoses [--follow]",
@@ -141,7 +140,8 @@ def render_topology(t: Topology) -> str:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, partitions=args.partitions)
+    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, partitions=args.partitions,
+                                prefix=args.prefix)
     topo = describe(cfg, args.extractors)
     sys.stdout.write((topo.model_dump_json(indent=2) if args.json else render_topology(topo)) + "\n")
     return 0
@@ -165,31 +165,6 @@ def spawn_kwargs() -> dict:
     return {"start_new_session": True, "preexec_fn": _child_setup}
 
 
-class _SessionPopen:
-    """``subprocess`` as seen by broker.py while ``up`` starts it: Popen gets its own session.
-
-    Needed until EmbeddedBroker takes that option itself: otherwise a terminal Ctrl-C
-    kills the broker at the same instant as ``up`` and the workers stop against no broker.
-    """
-
-    def __getattr__(self, name: str):
-        return getattr(subprocess, name)
-
-    @staticmethod
-    def Popen(*args, **kwargs):  # noqa: N802 - mirrors subprocess.Popen
-        return subprocess.Popen(*args, **{**spawn_kwargs(), **kwargs})
-
-
-@contextmanager
-def _broker_in_own_session():
-    saved = broker_mod.subprocess
-    broker_mod.subprocess = _SessionPopen()  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        broker_mod.subprocess = saved
-
-
 def worker_env(cfg: StreamConfig, base: dict[str, str] | None = None) -> dict[str, str]:
     """The parent's environment with every FIRSTFAULT_ setting made explicit from ``cfg``."""
     env = dict(os.environ if base is None else base)
@@ -209,6 +184,7 @@ class Worker:
     argv: list[str]
     env: dict[str, str]
     cwd: str
+    group: str | None = None           # consumer group it joins
     proc: subprocess.Popen | None = None
     started: float = 0.0
     restarts: int = 0
@@ -245,9 +221,10 @@ class Worker:
 class Supervisor:
     """Runs the workers; restarts one that exits on its own; stops them in order."""
 
-    def __init__(self, workers: list[Worker], stop_timeout: float = 15.0) -> None:
+    def __init__(self, workers: list[Worker], stop_timeout: float = 15.0, settle_s: float = 0.0) -> None:
         self.workers = workers
         self.stop_timeout = stop_timeout
+        self.settle_s = settle_s           # pause between two members of one group (Tansu, stack.md §1)
         self.stopping = False
         self.hurry = False
 
@@ -280,9 +257,16 @@ class Supervisor:
         """Stop workers one at a time, in list order; True if all exited on SIGTERM."""
         self.stopping = True
         clean = True
+        last_group = None
         for w in self.workers:
             if not w.alive():
                 continue
+            if self.settle_s and w.group is not None and w.group == last_group:
+                # Tansu wedges a group whose leader leaves mid-rebalance: let the survivors rejoin first.
+                deadline = time.monotonic() + self.settle_s
+                while time.monotonic() < deadline and not self.hurry:
+                    time.sleep(0.1)
+            last_group = w.group
             t0 = time.monotonic()
             rc, killed = w.stop(self.stop_timeout, hurry=lambda: self.hurry)
             clean &= not killed
@@ -310,8 +294,9 @@ def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worke
     if cfg.redis_url:
         lines.append(f"  redis   {cfg.redis_url} (diagnoses store, offset index)")
     else:
-        lines.append("  redis   none (FIRSTFAULT_REDIS_URL unset): diagnoses live in the correlator's memory "
-                     "and are lost when it stops; replay scans topics from the start")
+        lines.append("  redis   none (FIRSTFAULT_REDIS_URL unset): in-process fallback. Diagnoses live only on the "
+                     "diagnoses topic (gone with the embedded broker), `firstfault serve` would use its own "
+                     "in-process store and not see them, and replay scans topics from the start")
     for w in workers:
         lines.append(f"  worker  {w.name:<14} pid {w.pid}")
     lines.append(f"  logs    workers on stderr; run directory {rundir}")
@@ -324,9 +309,9 @@ def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worke
 def make_workers(cfg: StreamConfig, extractors: int, rundir: str) -> list[Worker]:
     env = worker_env(cfg)
     py = sys.executable
-    ws = [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir)
+    ws = [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir, cfg.extractor_group)
           for i in range(extractors)]
-    ws.append(Worker("correlator", [py, "-m", "firstfault.streams.correlator"], env, rundir))
+    ws.append(Worker("correlator", [py, "-m", "firstfault.streams.correlator"], env, rundir, cfg.app_id))
     return ws
 
 
@@ -352,13 +337,15 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0) -
     rc = 0
     try:
         if not cfg.bootstrap:
-            broker = EmbeddedBroker(log_path=Path(rundir) / "tansu.log")
-            with _broker_in_own_session():
-                cfg = cfg.model_copy(update={"bootstrap": broker.start()})
+            broker = EmbeddedBroker(log_path=Path(rundir) / "tansu.log", popen_kwargs=spawn_kwargs())
+            cfg = cfg.model_copy(update={"bootstrap": broker.start()})
             log.info("embedded broker on %s (pid %s)", cfg.bootstrap, broker.proc.pid if broker.proc else "?")
         created = kafka.ensure_topics(cfg)
         log.info("topics: %d created, %d already there", len(created), len(cfg.topics) - len(created))
-        sup = Supervisor(make_workers(cfg, extractors, rundir), stop_timeout)
+        # An external Tansu keeps its groups across our restart: stop group members with a pause.
+        # (The embedded broker is stopped right after, so its groups do not matter.)
+        settle = 5.0 if broker is None and extractors > 1 and broker_is_tansu(cfg) else 0.0
+        sup = Supervisor(make_workers(cfg, extractors, rundir), stop_timeout, settle)
         if signals["count"]:
             sup.stopping = True
         else:
@@ -392,7 +379,8 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0) -
 
 def cmd_up(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s up %(levelname)s %(message)s")
-    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, partitions=args.partitions)
+    cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, partitions=args.partitions,
+                                prefix=args.prefix)
     return run_up(cfg, extractors=args.extractors, stop_timeout=args.stop_timeout)
 
 
@@ -411,6 +399,7 @@ def register(subparsers) -> None:
     p.add_argument("--extractors", type=_positive, default=1, help="extractor worker processes (default 1)")
     p.add_argument("--partitions", type=_positive, default=None,
                    help="partitions of the topics it creates (FIRSTFAULT_PARTITIONS, default 4)")
+    p.add_argument("--prefix", default=None, help="topic prefix (FIRSTFAULT_TOPIC_PREFIX, default 'firstfault.')")
     p.add_argument("--stop-timeout", type=float, default=15.0, help="seconds a worker gets to stop before SIGKILL")
     p.set_defaults(fn=cmd_up)
 
@@ -420,6 +409,7 @@ def register(subparsers) -> None:
     t.add_argument("--redis-url", default=None)
     t.add_argument("--extractors", type=_positive, default=1)
     t.add_argument("--partitions", type=_positive, default=None)
+    t.add_argument("--prefix", default=None)
     t.set_defaults(fn=cmd_topology)
 
 

@@ -68,14 +68,19 @@ class Pipeline:
         self.delivered: dict[bytes, tuple[str, int, int]] = {}     # value -> (topic, partition, offset)
         self.workers: list[subprocess.Popen] = []
 
-    def produce(self, topic: str, key: bytes, value: bytes, ts_ms: int) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes, ts_ms: int | None) -> None:
         def done(err, msg):
             assert err is None, err
             self.delivered[msg.value()] = (msg.topic(), msg.partition(), msg.offset())
-        self.producer.produce(self.cfg.topic(topic), key=key, value=value, timestamp=ts_ms, on_delivery=done)
+        extra = {"timestamp": ts_ms} if ts_ms is not None else {}
+        self.producer.produce(self.cfg.topic(topic), key=key, value=value, on_delivery=done, **extra)
 
-    def produce_workload(self, sample: Path, seed: int, n_batches: int = 3) -> None:
-        """Start, the sample's events in random batches (event-time stamps), then the end."""
+    def produce_workload(self, sample: Path, seed: int, n_batches: int = 3, event_time: bool = True) -> None:
+        """Start, the sample's events in random batches, then the end.
+
+        Record timestamps are the workload's event times, or the wall clock (as a
+        shipper replaying an old bundle makes them) with ``event_time=False``.
+        """
         bundle = open_bundle(sample)
         wl = bundle.workload
         events = [e.to_schema() for e in analyze_bundle(bundle, load_catalog(), keep_events=True).events]
@@ -84,15 +89,16 @@ class Pipeline:
         rng.shuffle(events)
         key = wl.workload_id.encode()
         start = wl.model_copy(update={"state": "RUNNING", "end_time": None, "exit_code": None})
+        ts = (lambda t: _ms(t)) if event_time else (lambda t: None)
         self.produce("scheduler", key, encode(SchedulerEvent(type="start", workload=start, ts=wl.start_time)),
-                     _ms(wl.start_time))
+                     ts(wl.start_time))
         cuts = sorted(rng.sample(range(1, len(events)), n_batches - 1))
         for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(events)])):
             batch = EventBatch(workload_id=wl.workload_id, attempt=wl.attempt, events=events[a:b],
                                paths=paths[i::n_batches])
-            self.produce("events", key, encode(batch), _ms(wl.start_time) + i)
+            self.produce("events", key, encode(batch), ts(wl.start_time))
         self.produce("scheduler", key, encode(SchedulerEvent(type="end", workload=wl, ts=wl.end_time)),
-                     _ms(wl.end_time))
+                     ts(wl.end_time))
         assert self.producer.flush(15) == 0
 
     def start_worker(self) -> subprocess.Popen:
@@ -139,14 +145,16 @@ class Pipeline:
         return [decode(m.value()) for m in msgs]
 
     def close(self) -> None:
-        for proc in self.workers:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        # All at once: this test's group is never used again, so a wedged group cannot hurt.
+        live = [p for p in self.workers if p.poll() is None]
+        for proc in live:
+            proc.terminate()
+        for proc in live:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         self.producer.flush(5)
 
 
@@ -236,3 +244,43 @@ def test_kill_9_between_end_and_finalization_publishes_one_diagnosis(pipeline):
     final_keys = [k for k in contents if not k[2]]
     assert len(final_keys) == 1 and final_keys[0][1] == 0, contents.keys()
     assert bare(finals(ds)[0]) == offline(sample)
+
+
+def _ended_keys(msgs) -> set[str]:
+    """Table keys whose latest changelog value records the end event."""
+    latest = {m.key(): m.value() for m in msgs}
+    return {json.loads(k) for k, v in latest.items() if v and json.loads(json.loads(v)).get("ended")}
+
+
+def test_a_second_worker_takes_over_open_workloads_and_each_is_finalized_once(pipeline):
+    """docker-compose runs two correlators in one group. Worker A sees every end; B joins during
+    the grace and takes a partition over (its states from the changelog). A still holds its own
+    copies of those states in memory: only the partition's owner may finalize them.
+
+    Wall-clock record stamps: the samples' event times lie days apart, and one workload's
+    records would carry stream time past another's end + grace before its batches (another
+    topic) arrived. Live, all of them move with the clock."""
+    samples = [SAMPLES / n for n in ("clean-completion", "walltime-timeout", "cuda-oom-one-rank")]
+    wanted = {open_bundle(s).workload.workload_id: s for s in samples}
+    pipe = pipeline(grace_cap_s=15.0)
+    a = pipe.start_worker()
+    for i, sample in enumerate(samples):
+        pipe.produce_workload(sample, seed=10 + i, event_time=False)
+    assert {p for _, p, _ in pipe.delivered.values()} == set(range(PARTITIONS))   # work for both
+
+    keys = {f"{wid}:0" for wid in wanted}
+    changelog = pipe.read(f"{pipe.cfg.app_id}-workloads-changelog", lambda ms: _ended_keys(ms) >= keys,
+                          timeout=30, full_name=True)
+    assert _ended_keys(changelog) >= keys, f"worker A never saw every end\n{pipe.logs()}"
+    b = pipe.start_worker()
+
+    ds = pipe.diagnoses(lambda ds: {d.workload_id for d in finals(ds)} >= set(wanted), timeout=45)
+    assert {d.workload_id for d in finals(ds)} >= set(wanted), f"missing finals\n{pipe.logs()}"
+    ds = pipe.diagnoses(lambda _: False, timeout=2.5)  # what a second finalization would have added
+    for wid, sample in wanted.items():
+        mine = [d for d in finals(ds) if d.workload_id == wid]
+        assert len(mine) == 1, f"{wid}: {len(mine)} finals\n{pipe.logs()}"
+        assert bare(mine[0]) == offline(sample)
+    log_b = (pipe.tmp / "worker-1.log").read_text(errors="replace")
+    assert " rev 0: " in log_b, f"B finalized nothing: it joined after the grace cap\n{pipe.logs()}"
+    assert a.poll() is None and b.poll() is None

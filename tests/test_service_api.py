@@ -187,6 +187,11 @@ async def test_get_diagnosis_latest_attempt_revisions_and_404(make_client):
     assert r.status_code == 404 and "no-such-job" in error_of(r)["message"]
     r = await c.get("/v1/diagnoses/job-7", params={"attempt": "x"})
     assert r.status_code == 422 and "attempt" in error_of(r)["message"]
+    # Kubernetes-style ids carry a slash.
+    store.save(stored("team-a/train-42"))
+    got = (await c.get("/v1/diagnoses/team-a/train-42")).json()
+    assert got["workload_id"] == "team-a/train-42"
+    assert (await c.get("/ui/diagnoses/team-a/train-42")).status_code == 200
 
 
 async def test_list_filters_and_pages(make_client):
@@ -311,7 +316,8 @@ async def test_metrics_count_requests_diagnoses_and_engine_time(make_client):
     assert 'firstfault_http_requests_total{method="POST",route="/v1/analyze",status="200"} 1.0' in text
     assert 'firstfault_http_requests_total{method="POST",route="/v1/analyze",status="413"} 1.0' in text
     assert 'firstfault_http_requests_total{method="GET",route="/v1/diagnoses/{workload_id}",status="404"} 1.0' in text
-    assert 'firstfault_http_request_duration_seconds_bucket{le="0.005",method="GET",route="/v1/diagnoses/{workload_id}"}' in text
+    assert ('firstfault_http_request_duration_seconds_bucket{le="0.005",method="GET",'
+            'route="/v1/diagnoses/{workload_id}"}') in text
     assert 'firstfault_diagnoses_total{domain="unknown",status="unattributed"} 1.0' in text
     assert "firstfault_engine_seconds_count 2.0" in text
     assert 'firstfault_limit_rejections_total{limit="FIRSTFAULT_MAX_LINES"} 1.0' in text
@@ -491,6 +497,9 @@ async def test_bad_json_is_400_and_bad_media_type_415(make_client):
     ({"workload": {k: v for k, v in BASE_WORKLOAD.items() if k != "start_time"}}, "start_time"),
     ({"workload": BASE_WORKLOAD | {"end_time": "2020-01-01T00:00:00Z"}}, "end_time"),
     ({"workload": BASE_WORKLOAD | {"gpus_per_node": 0}}, "gpus_per_node"),
+    ({"workload": BASE_WORKLOAD | {"start_time": "0001-01-01T00:00:00Z", "end_time": None}}, "start_time"),
+    ({"workload": BASE_WORKLOAD | {"end_time": "9999-12-31T23:59:59Z"}}, "end_time"),
+    ({"workload": BASE_WORKLOAD | {"boot_times": {"node-01": "1969-12-31T00:00:00Z"}}}, "boot_times.node-01"),
     ({"workload": BASE_WORKLOAD, "files": {"../etc/passwd": "x"}}, "../etc/passwd"),
     ({"workload": BASE_WORKLOAD, "files": {"/logs/app/a.log": "x"}}, "/logs/app/a.log"),
     ([1, 2], "(body)"),
@@ -509,6 +518,8 @@ async def test_invalid_request_or_workload_is_422_naming_the_field(make_client, 
     (lambda: tar_with({"logs/app/a.log": b"x"}), "workload.json is missing"),
     (lambda: tar_with({"workload.json": b"{not json"}), "not valid JSON"),
     (lambda: tar_with({"workload.json": json.dumps({**BASE_WORKLOAD, "attempt": -1}).encode()}), "attempt"),
+    (lambda: tar_with({"workload.json": json.dumps({**BASE_WORKLOAD, "start_time": "0001-01-01T00:00:00Z",
+                                                    "end_time": None}).encode()}), "start_time"),
     (lambda: b"definitely not gzip", "not a readable"),
 ])
 async def test_bad_archives_are_422_with_the_reason(make_client, archive, words):
@@ -533,6 +544,7 @@ async def test_pages_render_status_root_cause_and_evidence(make_client):
     c.app.state.ctx.store.save(Diagnosis.model_validate_json(cli_json(WORKED)))
     r = await c.get("/ui/diagnoses/slurm-4471823")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in r.headers["content-security-policy"]
     html = r.text
     assert 'class="summary status-attributed"' in html
     assert "node-02 · interconnect / nvlink_signal_integrity" in html

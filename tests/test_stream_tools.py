@@ -281,7 +281,7 @@ def test_topology_names_every_topic_with_its_producers_and_consumers(capsys, mon
     assert topics["events"].producers == ["extractor"] and topics["events"].consumers == ["correlator"]
     assert topics["diagnoses"].producers == ["correlator"]
     assert {w.name: w.instances for w in topo.workers}["extractor"] == 2
-    assert "in-process" in topo.redis or "memory" in topo.redis
+    assert topo.redis.startswith("none")
     assert run_cli(up.register, ["topology"]) == 0
     assert "ops.diagnoses" in capsys.readouterr().out
 
@@ -364,3 +364,21 @@ def test_up_starts_supervises_and_stops_cleanly(tmp_path):
     assert "stopped extractor-1" in log and "broker stopped" in log
     assert "broker had already exited" not in log          # the group Ctrl-C did not reach it
     assert log.index("stopped extractor-1") < log.index("broker stopped")
+
+
+def test_supervisor_stops_one_at_a_time_pausing_inside_a_group_and_kills_the_stubborn(tmp_path):
+    polite = [sys.executable, "-c", "import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nprint('up', flush=True)\ntime.sleep(60)"]
+    stubborn = [sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "print('up', flush=True)\ntime.sleep(60)"]
+    env = dict(os.environ)
+    a, b = (up.Worker(n, polite, env, str(tmp_path), group="g") for n in ("a", "b"))
+    c = up.Worker("c", stubborn, env, str(tmp_path), group="h")
+    sup = up.Supervisor([a, b, c], stop_timeout=1.0, settle_s=0.6)
+    sup.start()
+    time.sleep(0.8)                      # let the interpreters install their handlers
+    t0 = time.monotonic()
+    assert sup.stop() is False           # `c` ignored SIGTERM and had to be killed
+    took = time.monotonic() - t0
+    assert (a.proc.returncode, b.proc.returncode, c.proc.returncode) == (0, 0, -signal.SIGKILL)
+    assert 1.6 <= took < 6               # the pause between a and b, then c's full timeout

@@ -7,6 +7,7 @@ Runs in an engine thread: JSON parsing and decompression are CPU work too.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,7 +32,8 @@ class AnalyzeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workload: WorkloadRecord = Field(description="the workload.json object")
+    workload: WorkloadRecord = Field(description="the workload.json object; its instants must fall in the "
+                                                 "years 1970 to 2999")
     files: dict[str, str] = Field(
         default_factory=dict,
         description="file text keyed by bundle path, e.g. logs/syslog/node-02.log; paths outside the "
@@ -45,6 +47,22 @@ class _Envelope(BaseModel):
 
     workload: dict[str, Any]
     files: dict[str, str] = Field(default_factory=dict)
+
+
+# The engine adds slack around the job window; near datetime.min/max that overflows.
+# No training job ran before 1970 or after 2999, so the service refuses those instants.
+_EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_LATEST = datetime(3000, 1, 1, tzinfo=timezone.utc)
+
+
+def check_workload_times(workload: WorkloadRecord) -> WorkloadRecord:
+    stamps = {"start_time": workload.start_time, "end_time": workload.end_time}
+    stamps.update({f"boot_times.{h}": t for h, t in workload.boot_times.items()})
+    for field, t in stamps.items():
+        if t is not None and not _EARLIEST <= t < _LATEST:
+            raise ApiError(422, "invalid_workload", f"workload: field '{field}': {t.isoformat()} is outside "
+                                                    "the supported years 1970 to 2999")
+    return workload
 
 
 def media_type(content_type: str | None) -> str:
@@ -79,7 +97,7 @@ def from_json(body: bytes, settings: ServiceSettings) -> Bundle:
         if _unsafe(path):
             raise ApiError(422, "invalid_bundle", f"files.{path}: unsafe path (absolute, '..' or backslash)")
     try:
-        workload = parse_workload(env.workload, origin="workload")
+        workload = check_workload_times(parse_workload(env.workload, origin="workload"))
     except BundleError as exc:
         raise ApiError(422, "invalid_workload", str(exc)) from None
     try:
@@ -98,6 +116,7 @@ def from_archive(body: bytes, kind: str, settings: ServiceSettings) -> Bundle:
                               max_members=settings.max_files)
     except BundleError as exc:
         raise classify_archive_error(str(exc)) from None
+    check_workload_times(bundle.workload)
     check_lines(bundle, settings)
     return bundle
 

@@ -64,8 +64,8 @@ class MetricsMiddleware:
         finally:
             route: Any = scope.get("route")
             # Unmatched paths share one label so scanners cannot blow up the series count.
-            template = getattr(route, "path", None) or ("/ui/static" if scope["path"].startswith("/ui/static/")
-                                                        else "unmatched")
+            template = (getattr(route, "path_format", None) or getattr(route, "path", None)
+                        or ("/ui/static" if scope["path"].startswith("/ui/static/") else "unmatched"))
             method = scope.get("method", "GET")
             self.metrics.requests.labels(method, template, str(status["code"])).inc()
             self.metrics.latency.labels(method, template).observe(time.perf_counter() - start)

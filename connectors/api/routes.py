@@ -7,8 +7,8 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BeforeValidator
 from fastapi.responses import JSONResponse, Response
+from pydantic import BeforeValidator
 
 from firstfault.connectors.sinks.redis_store import InvalidCursor
 from firstfault.rules.engine import analyze_bundle
@@ -18,10 +18,11 @@ from .context import ServiceContext, call_hook
 from .errors import ApiError, responses
 from .evidence import JSON, bundle_from_body, check_media_type
 from .limits import read_body
-from .runner import ENGINE_LOCK
 from .models import DiagnosisPage, DiagnosisRecord, Health, NodeDiagnosisPage, Readiness
+from .runner import ENGINE_LOCK
 
 StatusFilter = Literal["attributed", "ambiguous", "unattributed", "no_failure"]
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def _iso_only(value: object) -> object:
@@ -31,7 +32,6 @@ def _iso_only(value: object) -> object:
     return value
 
 
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 IsoDateTime = Annotated[datetime, BeforeValidator(_iso_only)]
 WorkloadId = Annotated[str, Path(min_length=1, max_length=256, description="the scheduler's workload id")]
 Host = Annotated[str, Path(min_length=1, max_length=256)]
@@ -74,7 +74,10 @@ def build_router(ctx: ServiceContext) -> APIRouter:
                                      "X-Firstfault-Published": {"description": "with publish=true: `true`",
                                                                 "schema": {"type": "string"}}}},
                    **responses(400, 401, 403, 409, 413, 415, 422, 503, 504)})
-    async def analyze(request: Request, store: bool = False, publish: bool = False) -> Response:
+    async def analyze(request: Request,
+                      store: Annotated[bool, Query(description="keep the diagnosis in the diagnoses store")] = False,
+                      publish: Annotated[bool, Query(description="send it to the diagnoses topic")] = False
+                      ) -> Response:
         try:
             return await _analyze(request, store, publish)
         except ApiError as exc:
@@ -114,7 +117,8 @@ def build_router(ctx: ServiceContext) -> APIRouter:
             headers["X-Firstfault-Published"] = "true"
         return _diagnosis_response(diagnosis, headers)
 
-    @router.get("/v1/diagnoses/{workload_id}", tags=["diagnoses"], dependencies=[read],
+    # ":path": Kubernetes-style ids ("namespace/job") contain slashes.
+    @router.get("/v1/diagnoses/{workload_id:path}", tags=["diagnoses"], dependencies=[read],
                 response_model=DiagnosisRecord, summary="A workload attempt's latest diagnosis and revisions",
                 responses=responses(401, 403, 404, 422, 503))
     async def get_diagnosis(workload_id: WorkloadId,
@@ -138,7 +142,8 @@ def build_router(ctx: ServiceContext) -> APIRouter:
                 summary="Recent diagnoses, newest first, filtered and paginated",
                 responses=responses(401, 403, 422, 503))
     async def list_diagnoses(
-            since: Annotated[IsoDateTime | None, Query(description="ended at or after (ISO-8601; UTC if no zone)")] = None,
+            since: Annotated[IsoDateTime | None,
+                             Query(description="ended at or after (ISO-8601; UTC if no zone)")] = None,
             until: Annotated[IsoDateTime | None, Query(description="ended at or before")] = None,
             status: StatusFilter | None = None,
             domain: Annotated[str | None, Query(max_length=64)] = None,

@@ -28,8 +28,16 @@ ENGINE_LOCK = threading.Lock()
 class EngineRunner:
     def __init__(self, settings: ServiceSettings) -> None:
         self.timeout_s = settings.request_timeout_s
-        self._pool = ThreadPoolExecutor(settings.engine_threads, thread_name_prefix="firstfault-engine")
+        self._threads = settings.engine_threads
+        self._pool: ThreadPoolExecutor | None = None
         self._slots = threading.BoundedSemaphore(settings.engine_threads + settings.engine_queue)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # Created on first use (and again after close): an app may live through several
+        # lifespan cycles, e.g. under test clients.
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="firstfault-engine")
+        return self._pool
 
     async def run(self, fn: Callable[[], T]) -> T:
         if not self._slots.acquire(blocking=False):
@@ -44,7 +52,7 @@ class EngineRunner:
                 self._slots.release()
 
         try:
-            fut = self._pool.submit(job)
+            fut = self._executor().submit(job)
         except BaseException:
             self._slots.release()
             raise
@@ -61,4 +69,6 @@ class EngineRunner:
                 self._slots.release()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)       # running analyses finish; they hold their slots until then

@@ -49,12 +49,29 @@ def _parse_filter_time(raw: str | None, label: str, notes: list[str]) -> datetim
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
+# Pages show raw log text: escaped by Jinja, and fenced by a strict policy besides.
+# Inline style attributes position the timeline marks, hence 'unsafe-inline' for styles only.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                               "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _page(request: Request, name: str, context: dict[str, Any], status_code: int = 200,
+          headers: dict[str, str] | None = None) -> Response:
+    return templates.TemplateResponse(request, name, context, status_code=status_code,
+                                      headers={**PAGE_HEADERS, **(headers or {})})
+
+
 def render_error(request: Request, exc: ApiError) -> Response:
     """The HTML form of an API error on a /ui/ page (a login form for 401/403)."""
     login = exc.status in (401, 403)
-    return templates.TemplateResponse(request, "message.html", {
+    return _page(request, "message.html", {
         "title": "Sign in" if login else f"{exc.status}", "message": exc.message, "login": login,
-        "next": request.url.path}, status_code=exc.status, headers=exc.headers)
+        "next": request.url.path + (f"?{request.url.query}" if request.url.query else "")},
+        status_code=exc.status, headers=exc.headers)
 
 
 def build_ui_router(ctx: ServiceContext) -> APIRouter:
@@ -88,11 +105,11 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
         next_url = None
         if next_cursor:
             next_url = "/ui/?" + urlencode({**{k: v for k, v in form.items() if v}, "cursor": next_cursor})
-        return templates.TemplateResponse(request, "index.html", {
+        return _page(request, "index.html", {
             "items": items, "form": form, "statuses": STATUSES, "notes": notes, "next_url": next_url,
             "headline": headline})
 
-    @router.get("/diagnoses/{workload_id}", dependencies=[read], response_class=HTMLResponse,
+    @router.get("/diagnoses/{workload_id:path}", dependencies=[read], response_class=HTMLResponse,
                 summary="One diagnosis, readable at a glance (HTML)",
                 responses=_html_responses(401, 403, 404, 422, 503))
     async def page(request: Request, workload_id: Annotated[str, Path(min_length=1, max_length=256)],
@@ -107,13 +124,13 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
         if d is None:
             which = f" attempt {attempt}" if attempt is not None else ""
             raise ApiError(404, "not_found", f"no diagnosis stored for workload {workload_id!r}{which}")
-        return templates.TemplateResponse(request, "diagnosis.html", {
+        return _page(request, "diagnosis.html", {
             **diagnosis_view(d), "revisions": revisions, "attempts": attempts})
 
     @router.get("/login", response_class=HTMLResponse, summary="Token form for the pages (HTML)",
                 responses=_html_responses(422))
     async def login_form(request: Request, next: Annotated[str, Query(max_length=512)] = "/ui/") -> Response:
-        return templates.TemplateResponse(request, "message.html", {
+        return _page(request, "message.html", {
             "title": "Sign in", "message": "Paste a read or write token.", "login": True, "next": _safe_next(next)})
 
     # POST on its own path: one method per path keeps each path's Allow header exact.

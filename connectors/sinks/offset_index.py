@@ -39,8 +39,9 @@ class OffsetIndex:
         self.flush_interval_s = flush_interval_s
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2) \
             if redis_url else None
-        self._dirty: dict[str, dict[str, int]] = {}       # topic -> member -> offset, not yet sent
-        self._sent: dict[tuple[str, str], int] = {}       # what Redis already holds (or lower)
+        # (topic, partition, bucket) -> first offset: not yet sent / what Redis already holds (or lower)
+        self._dirty: dict[tuple[str, int, int], int] = {}
+        self._sent: dict[tuple[str, int, int], int] = {}
         self._next_flush = time.monotonic() + flush_interval_s
         self._failures = 0
 
@@ -56,14 +57,13 @@ class OffsetIndex:
         """Remember ``offset`` if it is the first seen in its hour; flushes at most once a second."""
         if self._redis is None or timestamp_ms is None or timestamp_ms <= 0 or offset < 0:
             return
-        member = f"{partition}:{timestamp_ms // self.bucket_ms}"
-        sent = self._sent.get((topic, member))
+        key = (topic, partition, timestamp_ms // self.bucket_ms)
+        sent = self._sent.get(key)
         if sent is not None and sent <= offset:
-            return
-        pending = self._dirty.setdefault(topic, {})
-        have = pending.get(member)
+            return                                        # the common case: one dict lookup
+        have = self._dirty.get(key)
         if have is None or offset < have:
-            pending[member] = offset
+            self._dirty[key] = offset
         if time.monotonic() >= self._next_flush:
             self.flush()
 
@@ -75,29 +75,27 @@ class OffsetIndex:
     def flush(self) -> bool:
         """Send what is new in one pipeline; False (and kept for the next try) if Redis failed."""
         self._next_flush = time.monotonic() + self.flush_interval_s * (1 + min(self._failures, 30))
-        if self._redis is None or not any(self._dirty.values()):
+        if self._redis is None or not self._dirty:
             return True
         dirty, self._dirty = self._dirty, {}
+        by_topic: dict[str, dict[str, int]] = {}
+        for (topic, part, bucket), off in dirty.items():
+            by_topic.setdefault(topic, {})[f"{part}:{bucket}"] = off
         try:
             pipe = self._redis.pipeline(transaction=False)
-            for topic, members in dirty.items():
-                if members:
-                    pipe.zadd(self.key(topic), members, lt=True)
+            for topic, members in by_topic.items():
+                pipe.zadd(self.key(topic), members, lt=True)
             pipe.execute()
         except redis.RedisError as exc:
             self._failures += 1
             if self._failures in (1, 10) or self._failures % 100 == 0:
                 log.warning("offset index: Redis write failed (%s); %d attempts so far", exc, self._failures)
-            for topic, members in dirty.items():      # merge back, keeping minima
-                pending = self._dirty.setdefault(topic, {})
-                for m, off in members.items():
-                    if m not in pending or off < pending[m]:
-                        pending[m] = off
+            for key, off in dirty.items():            # merge back, keeping minima
+                if key not in self._dirty or off < self._dirty[key]:
+                    self._dirty[key] = off
             return False
         self._failures = 0
-        for topic, members in dirty.items():
-            for m, off in members.items():
-                self._sent[(topic, m)] = off
+        self._sent.update(dirty)
         if len(self._sent) > 100_000:        # long-lived workers: forget old hours (Redis keeps the minima)
             self._sent.clear()
         return True
