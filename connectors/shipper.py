@@ -67,17 +67,26 @@ def bundle_records(path: str | Path) -> tuple[WorkloadRecord, list[tuple[str, Ra
 
 def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bool = True,
          progress: Callable[[int, int], None] | None = None) -> ShipStats:
+    from firstfault.connectors.sinks.offset_index import OffsetIndex
+
     wl, records = bundle_records(path)
     prod = kafka.producer(cfg)
+    index = OffsetIndex(cfg.redis_url, cfg.prefix)       # replay's time -> offset index (no-op without Redis)
+
+    def delivered(err, msg) -> None:
+        if err is None:
+            index.note_message(msg)
+
     stats = ShipStats(files=len({r.path for _, r in records}))
     t0 = time.monotonic()
-    prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("start", wl))
+    prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("start", wl),
+                 on_delivery=delivered)
     prod.flush(30)
     for i, (key, rec) in enumerate(records, 1):
         value = encode(rec)
         while True:
             try:
-                prod.produce(cfg.topic("raw"), key=key.encode(), value=value)
+                prod.produce(cfg.topic("raw"), key=key.encode(), value=value, on_delivery=delivered)
                 break
             except BufferError:
                 prod.poll(0.05)
@@ -93,8 +102,10 @@ def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bo
                 progress(i, len(records))
     prod.flush(60)
     if end:
-        prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("end", wl))
+        prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("end", wl),
+                     on_delivery=delivered)
         prod.flush(30)
+    index.close()
     if progress:
         progress(len(records), len(records))
     stats.seconds = time.monotonic() - t0

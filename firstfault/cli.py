@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stream_flags(p)
     p.set_defaults(fn=cmd_ship)
 
+    sub.add_parser("serve", add_help=False, help="the REST service and diagnosis pages (firstfault serve --help)")
     from firstfault.streams import follow, replay, up
 
     up.register(sub)        # up, topology
@@ -171,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        # The service parses its own flags (and re-imports itself in each uvicorn worker).
+        from firstfault.connectors.api.serve import serve_main
+
+        return serve_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

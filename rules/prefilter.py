@@ -9,6 +9,7 @@ ids that hit it.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 
 try:  # pragma: no cover - exercised when the binding is installed
@@ -29,6 +30,7 @@ class Prefilter:
             flags = [_hs.HS_FLAG_CASELESS if ci else 0 for _, ci in self.anchors]
             db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=flags)
             self._db = db
+            self._local = threading.local()      # Hyperscan scratch space is per thread
         else:
             sens = [re.escape(a.encode()) for a, ci in self.anchors if not ci]
             insens = [re.escape(a.encode()) for a, ci in self.anchors if ci]
@@ -45,7 +47,10 @@ class Prefilter:
             def on_match(anchor_id: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
                 found.append((end, anchor_id))
 
-            self._db.scan(chunk, match_event_handler=on_match)
+            scratch = getattr(self._local, "scratch", None)
+            if scratch is None:
+                scratch = self._local.scratch = _hs.Scratch(self._db)
+            self._db.scan(chunk, match_event_handler=on_match, scratch=scratch)
             for end, anchor_id in found:
                 start = chunk.rfind(b"\n", 0, end) + 1
                 hits.setdefault(start, set()).add(anchor_id)

@@ -47,6 +47,10 @@ def normalize_terminal_state(state: str) -> str:
     return "unknown"
 
 
+_EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_LATEST = datetime(2999, 12, 31, tzinfo=timezone.utc)
+
+
 def _utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         return value.replace(tzinfo=timezone.utc)
@@ -107,6 +111,14 @@ class WorkloadRecord(BaseModel):
         if self.end_time is not None and self.end_time < self.start_time:
             raise ValueError("end_time is before start_time")
         return self
+
+    @field_validator("start_time", "end_time", mode="after")
+    @classmethod
+    def _plausible(cls, v: datetime | None) -> datetime | None:
+        # Stamps far outside this range overflow date arithmetic (year-less stamps, horizons).
+        if v is not None and not (_EARLIEST <= v <= _LATEST):
+            raise ValueError("must be between 1970 and 2999")
+        return v
 
     @property
     def terminal_state(self) -> str:
