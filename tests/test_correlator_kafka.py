@@ -106,7 +106,8 @@ class Pipeline:
         env.update(FIRSTFAULT_KAFKA_BOOTSTRAP=self.cfg.bootstrap, FIRSTFAULT_TOPIC_PREFIX=self.cfg.prefix,
                    FIRSTFAULT_PARTITIONS=str(PARTITIONS), FIRSTFAULT_GRACE_S=str(self.cfg.grace_s),
                    FIRSTFAULT_GRACE_CAP_S=str(self.cfg.grace_cap_s), FIRSTFAULT_LATENESS_S=str(self.cfg.lateness_s),
-                   FIRSTFAULT_APP_ID=self.cfg.app_id, FIRSTFAULT_CHANGELOG_ONE_PER_BATCH="1")
+                   FIRSTFAULT_APP_ID=self.cfg.app_id, FIRSTFAULT_CHANGELOG_ONE_PER_BATCH="1",
+                   TMPDIR=str(self.tmp))                  # Faust's datadir: a SIGKILL skips its cleanup
         if self.cfg.redis_url:
             env["FIRSTFAULT_REDIS_URL"] = self.cfg.redis_url
         if self.commit_interval_s:
