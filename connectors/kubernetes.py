@@ -26,8 +26,8 @@ and where the pods carry a node rank (Kubeflow replica index, Job completion
 index) ``ranks`` maps each node's first global rank to it.
 
 The live path and the tests share one code path: :func:`watch_events` yields the
-API server's watch events as parsed JSON (``{"type", "object"}``, the client's
-``deserialize=False`` form) and :class:`PodTracker` consumes any such iterator.
+API server's watch events as parsed JSON (``{"type", "object"}``, the object being
+the client's ``raw_object``) and :class:`PodTracker` consumes any such iterator.
 """
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ class PodView:
     started: datetime | None
     gpus: int
     slot: str
-    node_rank: int | None
+    replica: tuple[str, int] | None = None          # Kubeflow (replica type, index)
+    index: int | None = None                        # Job completion index, first replicated Job only
     deleted: bool = False
     failure_reason: str | None = None
     failure_at: datetime | None = None
@@ -117,24 +118,31 @@ def group_of(labels: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def _slot_and_rank(labels: Mapping[str, str], name: str, kind: str, has_master: bool) -> tuple[str, int | None]:
-    rtype = labels.get("training.kubeflow.org/replica-type")
+def _slot(labels: Mapping[str, str], name: str, kind: str) -> tuple[str, tuple[str, int] | None, int | None]:
+    """(slot, Kubeflow replica, completion index): a slot is what a re-created pod stands in for."""
+    rtype = (labels.get("training.kubeflow.org/replica-type") or "").lower()
     ridx = _int(labels.get("training.kubeflow.org/replica-index"))
     if kind == "kubeflow" and rtype and ridx is not None:
-        if rtype.lower() == "master":
-            return f"master-{ridx}", 0
-        if rtype.lower() == "worker":
-            return f"worker-{ridx}", ridx + (1 if has_master else 0)
-        return f"{rtype.lower()}-{ridx}", None
+        return f"{rtype}-{ridx}", (rtype, ridx), None
     cidx = _int(labels.get("batch.kubernetes.io/job-completion-index"))
     jidx = labels.get("jobset.sigs.k8s.io/job-index", "0")
     if cidx is not None:
         # Only the first replicated Job's index is a node rank without knowing its parallelism.
-        return f"{jidx}-{cidx}", cidx if jidx == "0" else None
-    return name, None
+        return f"{jidx}-{cidx}", None, cidx if jidx == "0" else None
+    return name, None, None
 
 
-def pod_view(obj: Mapping[str, Any], kind: str, has_master: bool, deleted: bool = False) -> PodView:
+def node_rank(v: "PodView", has_master: bool) -> int | None:
+    """PyTorchJob: master is node rank 0, worker i is i+1 (i without a master); Jobs: the index."""
+    if v.replica is not None:
+        rtype, idx = v.replica
+        if rtype == "master":
+            return 0
+        return idx + (1 if has_master else 0) if rtype == "worker" else None
+    return v.index
+
+
+def pod_view(obj: Mapping[str, Any], kind: str, deleted: bool = False) -> PodView:
     meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status", {})
     labels = meta.get("labels") or {}
     gpus = 0
@@ -142,21 +150,24 @@ def pod_view(obj: Mapping[str, Any], kind: str, has_master: bool, deleted: bool 
         res = c.get("resources") or {}
         for r in GPU_RESOURCES:
             gpus += _int((res.get("limits") or {}).get(r)) or _int((res.get("requests") or {}).get(r)) or 0
-    slot, rank = _slot_and_rank(labels, meta.get("name", ""), kind, has_master)
+    slot, replica, index = _slot(labels, meta.get("name", ""), kind)
     view = PodView(name=meta.get("name", ""), namespace=meta.get("namespace", ""), created=_ts(meta.get("creationTimestamp")),
                    node=spec.get("nodeName") or None, phase=status.get("phase") or "Pending",
-                   started=_ts(status.get("startTime")), gpus=gpus, slot=slot, node_rank=rank, deleted=deleted)
+                   started=_ts(status.get("startTime")), gpus=gpus, slot=slot, replica=replica, index=index,
+                   deleted=deleted)
     finished: list[datetime] = []
     failures: list[tuple[datetime | None, str, int | None]] = []
     for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if not term:
-            continue
-        at = _ts(term.get("finishedAt"))
-        if at:
-            finished.append(at)
-        if term.get("exitCode", 0) != 0:
-            failures.append((at, term.get("reason") or "Error", term.get("exitCode")))
+        # lastState: a container restarted in place (restartPolicy OnFailure) keeps its previous death there.
+        for which in ("state", "lastState"):
+            term = (cs.get(which) or {}).get("terminated")
+            if not term:
+                continue
+            at = _ts(term.get("finishedAt"))
+            if at and which == "state":
+                finished.append(at)
+            if term.get("exitCode", 0) != 0:
+                failures.append((at, term.get("reason") or "Error", term.get("exitCode")))
     cond_times = [_ts(c.get("lastTransitionTime")) for c in status.get("conditions") or []
                   if c.get("type") == "DisruptionTarget"]
     view.finished_at = max(finished + [t for t in cond_times if t], default=None)
@@ -181,7 +192,7 @@ class Group:
     name: str
     kind: str
     attempt: int
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)   # name -> (latest object, deleted)
+    pods: dict[str, PodView] = field(default_factory=dict)     # pod name -> its latest view
     last_start: str | None = None
     done_since: float | None = None
     ended: bool = False
@@ -191,10 +202,7 @@ class Group:
         return f"k8s-{self.namespace}.{self.name}"
 
     def views(self) -> list[PodView]:
-        has_master = any((p["obj"].get("metadata", {}).get("labels") or {}).get("training.kubeflow.org/replica-type",
-                                                                                 "").lower() == "master"
-                         for p in self.pods.values())
-        return [pod_view(p["obj"], self.kind, has_master, p["deleted"]) for p in self.pods.values()]
+        return list(self.pods.values())
 
 
 def _uniform(values: Iterable[int]) -> int | None:
@@ -203,7 +211,9 @@ def _uniform(values: Iterable[int]) -> int | None:
 
 
 def workload_record(group: Group, views: Sequence[PodView], ended: bool) -> WorkloadRecord:
-    placed = sorted((v for v in views if v.node), key=lambda v: (v.node_rank is None, v.node_rank or 0, v.name))
+    has_master = any(v.replica is not None and v.replica[0] == "master" for v in views)
+    rank = {v.name: node_rank(v, has_master) for v in views}
+    placed = sorted((v for v in views if v.node), key=lambda v: (rank[v.name] is None, rank[v.name] or 0, v.name))
     nodes = list(dict.fromkeys(v.node for v in placed))
     per_node: dict[str, int] = {}
     for v in placed:
@@ -212,8 +222,8 @@ def workload_record(group: Group, views: Sequence[PodView], ended: bool) -> Work
     ranks: dict[int, str] = {}
     if gpn:
         for v in placed:
-            if v.node_rank is not None:
-                ranks[v.node_rank * gpn] = v.node
+            if rank[v.name] is not None:
+                ranks[rank[v.name] * gpn] = v.node
     starts = [v.started for v in views if v.ran and v.started]
     data: dict[str, Any] = {
         "workload_id": group.workload_id, "attempt": group.attempt, "scheduler": "kubernetes",
@@ -270,7 +280,7 @@ class PodTracker:
             group = self.groups[key] = Group(namespace=key[0], name=name, kind=kind, attempt=attempt)
         if group.ended:
             return []
-        group.pods[meta.get("name", "")] = {"obj": obj, "deleted": etype == "DELETED"}
+        group.pods[meta.get("name", "")] = pod_view(obj, kind, deleted=etype == "DELETED")
         return self._step(group)
 
     def tick(self) -> list[SchedulerEvent]:
@@ -286,10 +296,10 @@ class PodTracker:
         out: list[SchedulerEvent] = []
         if not any(v.ran for v in views):
             return out
-        rec = workload_record(group, views, ended=False)
-        signature = json.dumps(rec.pods, sort_keys=True)
+        signature = json.dumps(sorted((v.name, v.node) for v in views if v.node))
         if signature != group.last_start:
             group.last_start = signature
+            rec = workload_record(group, views, ended=False)
             out.append(SchedulerEvent(type="start", workload=rec, ts=rec.start_time))
         if all(v.done for v in views):
             now = self.clock()
@@ -325,7 +335,7 @@ def replay(lines: Iterable[str | bytes], tracker: PodTracker) -> list[SchedulerE
 
 def watch_events(core_api: Any, namespace: str | None, selector: str | None, tracker: PodTracker,
                  stop: threading.Event, timeout_s: int = 60, reconnect: bool = True) -> Iterator[dict[str, Any]]:
-    """The API server's pod watch events, resuming from the last resourceVersion.
+    """The API server's pod watch events as JSON, resuming from the last resourceVersion.
 
     ``timeout_s`` bounds each watch request so settled ends are published between
     events; an expired resourceVersion (410 Gone) restarts from a fresh list (the
@@ -336,7 +346,8 @@ def watch_events(core_api: Any, namespace: str | None, selector: str | None, tra
 
     while not stop.is_set():
         w = watch.Watch()
-        kwargs: dict[str, Any] = {"timeout_seconds": timeout_s, "allow_watch_bookmarks": True, "deserialize": False}
+        # deserialize stays on: with it off the client cannot read an ERROR event (410 Gone).
+        kwargs: dict[str, Any] = {"timeout_seconds": timeout_s, "allow_watch_bookmarks": True}
         if selector:
             kwargs["label_selector"] = selector
         if tracker.resource_version:
@@ -345,7 +356,7 @@ def watch_events(core_api: Any, namespace: str | None, selector: str | None, tra
                       else (core_api.list_pod_for_all_namespaces, ()))
         try:
             for event in w.stream(func, *args, **kwargs):
-                yield event
+                yield {"type": event["type"], "object": event["raw_object"]}
                 if stop.is_set():
                     w.stop()
                     break

@@ -94,7 +94,7 @@ class PublishedLog:
     """Keys of the events already published, kept in a JSON file so a restart does not repeat them.
 
     Without a path it lives in memory only. Keys are forgotten ``retention_s`` after
-    their event time: by then the source no longer reports that attempt.
+    they were published: by then the source no longer reports that attempt.
     """
 
     def __init__(self, path: Path | None = None, retention_s: float = 7 * 86400.0) -> None:
@@ -114,9 +114,10 @@ class PublishedLog:
         return out
 
     def mark(self, events: Sequence[SchedulerEvent], key: Callable[[SchedulerEvent], str]) -> None:
+        now = time.time()
         for e in events:
-            self.keys[key(e)] = e.ts.timestamp()
-        horizon = time.time() - self.retention_s
+            self.keys[key(e)] = now
+        horizon = now - self.retention_s
         self.keys = {k: t for k, t in self.keys.items() if t >= horizon}
         if self.path is not None:
             atomic_write(self.path, json.dumps(self.keys, sort_keys=True))

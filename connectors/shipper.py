@@ -43,7 +43,8 @@ def scheduler_message(kind: str, workload: WorkloadRecord) -> bytes:
     return encode(SchedulerEvent(type=kind, workload=rec, ts=ts))
 
 
-def bundle_records(path: str | Path) -> tuple[WorkloadRecord, list[tuple[str, RawLine]]]:
+def bundle_records(path: str | Path, only: Callable[[str], bool] | None = None
+                   ) -> tuple[WorkloadRecord, list[tuple[str, RawLine]]]:
     """(workload, [(key, RawLine)]) in shipping order: file by file, line by line."""
     bundle = open_bundle(path)
     wl = bundle.workload
@@ -51,7 +52,7 @@ def bundle_records(path: str | Path) -> tuple[WorkloadRecord, list[tuple[str, Ra
     out: list[tuple[str, RawLine]] = []
     for f in bundle.files:
         source = source_of(f.path)
-        if source in (None, "metrics"):
+        if source in (None, "metrics") or (only is not None and not only(f.path)):
             continue
         host = hosts.file_host(f.path, source) or PurePosixPath(f.path).stem
         data = b"".join(f.open_chunks())
@@ -66,10 +67,13 @@ def bundle_records(path: str | Path) -> tuple[WorkloadRecord, list[tuple[str, Ra
 
 
 def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bool = True,
-         progress: Callable[[int, int], None] | None = None) -> ShipStats:
+         progress: Callable[[int, int], None] | None = None, start: bool = True,
+         only: Callable[[str], bool] | None = None) -> ShipStats:
+    """Publish the bundle; ``only`` selects files by path, ``start``/``end`` the scheduler events
+    (a late file is shipped on its own with both off)."""
     from firstfault.connectors.sinks.offset_index import OffsetIndex
 
-    wl, records = bundle_records(path)
+    wl, records = bundle_records(path, only)
     prod = kafka.producer(cfg)
     index = OffsetIndex(cfg.redis_url, cfg.prefix)       # replay's time -> offset index (no-op without Redis)
 
@@ -79,9 +83,10 @@ def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bo
 
     stats = ShipStats(files=len({r.path for _, r in records}))
     t0 = time.monotonic()
-    prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("start", wl),
-                 on_delivery=delivered)
-    prod.flush(30)
+    if start:
+        prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("start", wl),
+                     on_delivery=delivered)
+        prod.flush(30)
     for i, (key, rec) in enumerate(records, 1):
         value = encode(rec)
         while True:

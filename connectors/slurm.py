@@ -463,7 +463,12 @@ class SlurmConnector:
         since = (self.state.watermark - self.overlap_s) if self.state.watermark else now - self.lookback_s
         window = self._run([self.sacct, "--json", "--allusers", "--duplicates", "--starttime", _when(since),
                             "--endtime", "now", *self.extra_args])
-        running = self._run([self.squeue, "--json", *self.extra_args]) if self.squeue else None
+        running = None
+        if self.squeue:
+            try:
+                running = self._run([self.squeue, "--json", *self.extra_args])
+            except SlurmError as exc:        # slurmctld busy or down: accounting alone still works
+                log.warning("squeue failed, using sacct alone this round: %s", exc)
         in_window = {j.get("job_id") for j in window.get("jobs", [])}
         requeued = {j.get("job_id") for j in window.get("jobs", []) if j.get("restart_cnt")}
         # Jobs open in our books whatever their age, and the whole history of requeued ones

@@ -278,13 +278,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"firstfault telemetry: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else (bundle / "metrics" / "dcgm.jsonl" if bundle else None)
+    report = json.dumps({"series": result.series, "hosts_with_data": result.hosts_with_data,
+                         "events": [e.model_dump() for e in result.events]}, indent=2)
     if out is not None:
         write_jsonl(result.samples, out)
-    else:
+        sys.stdout.write(report + "\n")
+    else:                                # samples on stdout, the report beside them on stderr
         for m in result.samples:
             sys.stdout.write(json.dumps(m.model_dump(), sort_keys=True) + "\n")
-    sys.stderr.write(json.dumps({"series": result.series, "hosts_with_data": result.hosts_with_data,
-                                 "events": [e.model_dump() for e in result.events]}, indent=2) + "\n")
+        sys.stderr.write(report + "\n")
     return 0
 
 

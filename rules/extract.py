@@ -106,10 +106,11 @@ class LineMemory:
         self._mem: OrderedDict[str, deque[tuple[int, str]]] = OrderedDict()
 
     def above(self, path: str, line: int) -> Iterable[str]:
+        """The file's lines just above ``line`` (within the look-back window), nearest first."""
         buf = self._mem.get(path)
         if not buf:
             return ()
-        return [t for n, t in reversed(buf) if n < line][: self.depth]
+        return [t for n, t in reversed(buf) if line - self.depth <= n < line]
 
     def add(self, path: str, line: int, text: str) -> None:
         buf = self._mem.get(path)

@@ -14,6 +14,7 @@ def _env(env: Mapping[str, str], name: str, default: str | None = None) -> str |
 class StreamConfig(BaseModel):
     bootstrap: str | None = Field(default=None, description="Kafka bootstrap servers; None: embedded broker")
     redis_url: str | None = None
+    redis_prefix: str = Field(default="firstfault:", description="key prefix of the diagnoses store (shared with the service)")
     prefix: str = "firstfault."
     partitions: int = Field(default=4, ge=1)
     grace_s: float = Field(default=30.0, ge=0, description="event-time grace after the end event")
@@ -41,6 +42,7 @@ class StreamConfig(BaseModel):
         values: dict = {
             "bootstrap": _env(env, "KAFKA_BOOTSTRAP"), "redis_url": _env(env, "REDIS_URL"),
             "prefix": _env(env, "TOPIC_PREFIX", "firstfault."), "rules": _env(env, "RULES"),
+            "redis_prefix": _env(env, "REDIS_PREFIX", "firstfault:"),
         }
         for key, name in (("partitions", "PARTITIONS"), ("grace_s", "GRACE_S"), ("grace_cap_s", "GRACE_CAP_S"),
                           ("lateness_s", "LATENESS_S"), ("hold_s", "HOLD_S"), ("hold_max", "HOLD_MAX"),

@@ -319,7 +319,7 @@ def make_app(cfg: StreamConfig, store: Any | None = None, tick_s: float = 1.0) -
     if store is None and cfg.redis_url:
         from firstfault.connectors.sinks.redis_store import DiagnosisStore
 
-        store = DiagnosisStore(cfg.redis_url, prefix=cfg.prefix)
+        store = DiagnosisStore(cfg.redis_url, prefix=cfg.redis_prefix)
     app = faust.App(cfg.app_id, **_faust_settings(cfg))
     core = Correlator(app, cfg, load_catalog(cfg.rules), store)
     app.correlator = core                                     # for tests and operators

@@ -23,11 +23,12 @@ import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import TopicPartition
 
 from firstfault.rules.catalog import Catalog, load_catalog
+from firstfault.rules.diagnose import EVIDENCE_HORIZON_S
 from firstfault.rules.errors import RecordError
 from firstfault.rules.extract import ExtractStats, Extractor, LineMemory, source_of
 from firstfault.rules.model import EventSet
@@ -108,6 +109,25 @@ class ExtractorCore:
         found = self.timeline.at(host, self._when(rec, ts_ms))
         return found or None
 
+    def _within_horizon(self, rec: RawLine, allocs) -> list[Allocation]:
+        """The allocations whose evidence horizon holds this node-scoped line (read in their zone).
+
+        Routing is generous (a line's zone is unknown until its workload is); the evidence
+        inventory must not be, or a host's syslog would count for every job near it.
+        """
+        source = rec.source or source_of(rec.path) or "app"
+        if source not in NODE_SCOPED:
+            return list(allocs)
+        out = []
+        for a in allocs:
+            ex = self.extractor_for(a)
+            stamp = read_head(rec.text, ex.context(ex.hosts.file_host(rec.path, source))).stamp
+            lo = a.workload.start_time - timedelta(seconds=EVIDENCE_HORIZON_S)
+            end = a.end or a.workload.end_time
+            if stamp is None or (stamp >= lo and (end is None or stamp <= end + timedelta(seconds=EVIDENCE_HORIZON_S))):
+                out.append(a)
+        return out
+
     # ------------------------------------------------------------ a batch
     def handle(self, records: list[tuple[RawLine, int]], now: float | None = None) -> dict[tuple[str, int], EventBatch]:
         """Extract a batch; returns one EventBatch per workload attempt (events merged)."""
@@ -121,17 +141,21 @@ class ExtractorCore:
             offsets.append(pos)
             pos += len(raw) + 1
         hits = self.prefilter.scan(b"\n".join(encoded)) if records else {}
-        routed_paths: dict[str, list[Allocation] | None] = {}
+        last_line: dict[str, int] = {}       # per file in this batch: the last line number seen
         for i, (rec, ts_ms) in enumerate(records):
             self.counters.records += 1
             host_key = rec.host or "?"
             self.counters.by_host[host_key] = self.counters.by_host.get(host_key, 0) + 1
-            if rec.path not in routed_paths:
-                routed_paths[rec.path] = self.route(rec, ts_ms)
-                for a in routed_paths[rec.path] or ():
+            # Which workloads a file feeds (the evidence inventory): routed once per run of
+            # consecutive lines, again where the numbering jumps (another file, a rotation).
+            key = _mem_key(rec)
+            if last_line.get(key) != rec.line - 1:
+                allocs = self.route(rec, ts_ms)
+                for a in self._within_horizon(rec, allocs or ()):
                     paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(rec.path)
-                if routed_paths[rec.path] is None and rec.path not in self._unrouted_paths:
-                    self._unrouted_paths[rec.path] = Held(rec, ts_ms, now)
+                if allocs is None and key not in self._unrouted_paths:
+                    self._unrouted_paths[key] = Held(rec, ts_ms, now)
+            last_line[key] = rec.line
             anchor_hits = hits.get(offsets[i])
             if anchor_hits:
                 self.counters.candidates += 1
@@ -140,7 +164,7 @@ class ExtractorCore:
                     self._hold(rec, ts_ms, now)
                 else:
                     self._extract(rec, anchor_hits, allocs, out, stats)
-            self.memory.add(rec.path, rec.line, rec.text)
+            self.memory.add(_mem_key(rec), rec.line, rec.text)
         return self._batches(out, paths)
 
     def _extract(self, rec: RawLine, anchor_ids, allocs: list[Allocation], out, stats: ExtractStats) -> None:
@@ -151,7 +175,7 @@ class ExtractorCore:
             file_host = ex.hosts.file_host(rec.path, source)
             ctx = ex.context(file_host)
             ev = ex.read_line(rec.path, source, file_host, ctx, rec.line, raw, anchor_ids,
-                              lambda r=rec: self.memory.above(r.path, r.line), stats)
+                              lambda r=rec: self.memory.above(_mem_key(r), r.line), stats)
             if ev is not None:
                 key = (alloc.workload.workload_id, alloc.workload.attempt)
                 out.setdefault(key, EventSet()).add(ev)
@@ -202,14 +226,14 @@ class ExtractorCore:
             else:
                 keep.append(h)
         self.held = keep
-        for path, h in list(self._unrouted_paths.items()):
+        for key, h in list(self._unrouted_paths.items()):
             allocs = self.route(h.rec, h.ts_ms)
             if allocs:
-                for a in allocs:
-                    paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(path)
-                del self._unrouted_paths[path]
+                for a in self._within_horizon(h.rec, allocs):
+                    paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
+                del self._unrouted_paths[key]
             elif now - h.since > self.cfg.hold_s:
-                del self._unrouted_paths[path]
+                del self._unrouted_paths[key]
         return self._batches(out, paths), expired
 
     def _batches(self, out: dict, paths: dict) -> dict[tuple[str, int], EventBatch]:
@@ -222,6 +246,11 @@ class ExtractorCore:
             self._sent_paths.update((key[0], key[1], p) for p in new_paths)
             batches[key] = EventBatch(workload_id=key[0], attempt=key[1], events=events, paths=new_paths)
         return batches
+
+
+def _mem_key(rec: RawLine) -> str:
+    """One file's lines: an application file is its workload's; a host's syslog is one file."""
+    return f"{rec.workload_id or ''}\x1f{rec.path}"
 
 
 def _placeholder():

@@ -8,7 +8,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from firstfault.connectors import kubernetes as k8s
@@ -85,18 +84,46 @@ def test_a_pod_deleted_while_running_and_bookmarks():
     assert out[-1].type == "end" and out[-1].workload.state == "Failed/Deleted"
 
 
+def test_a_container_restarted_in_place_keeps_its_first_death():
+    """restartPolicy OnFailure: worker-1 was OOMKilled and restarted; the job later failed with exit 1."""
+    raw = [json.loads(x) for x in lines("pytorchjob-oomkilled.jsonl")]
+    tracker = PodTracker(settle_s=0)
+    out = []
+    for ev in raw:
+        obj = ev["object"]
+        cs = (obj["status"].get("containerStatuses") or [{}])[0]
+        term = cs.get("state", {}).get("terminated")
+        if obj["metadata"]["name"] == "llama-ft-worker-1" and term and term["reason"] == "OOMKilled":
+            # what the kubelet reports after the restart, and then when the restarted container dies
+            restarted = json.loads(json.dumps(ev))
+            rcs = restarted["object"]["status"]["containerStatuses"][0]
+            rcs.update(lastState={"terminated": term}, restartCount=1,
+                       state={"running": {"startedAt": "2026-11-03T14:37:17Z"}})
+            restarted["object"]["status"]["phase"] = "Running"
+            out += tracker.apply(restarted)
+            rcs["state"] = {"terminated": {**term, "exitCode": 1, "reason": "Error",
+                                           "startedAt": "2026-11-03T14:37:17Z", "finishedAt": "2026-11-03T14:47:17Z"}}
+            restarted["object"]["status"]["phase"] = "Failed"
+            out += tracker.apply(restarted)
+            continue
+        out += tracker.apply(ev)
+    assert out[-1].type == "end" and out[-1].workload.state == "Failed/OOMKilled" and out[-1].workload.exit_code == 137
+
+
 # ---------------------------------------------------------------- the real client against a recorded API
 
 class _WatchServer(ThreadingHTTPServer):
     daemon_threads = True
 
 
-def serve_watch(body: bytes):
+def serve_watch(*bodies: bytes):
+    """Answer the n-th watch request with the n-th body (the last one repeats)."""
     requests: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):                       # noqa: N802 (http.server's name)
             requests.append(self.path)
+            body = bodies[min(len(requests), len(bodies)) - 1]
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
@@ -109,7 +136,7 @@ def serve_watch(body: bytes):
             pass
 
     server = _WatchServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, requests
 
 
@@ -133,10 +160,39 @@ def test_live_watch_path_with_the_kubernetes_client():
     url = urlparse(requests[0])
     q = parse_qs(url.query)
     assert url.path == "/api/v1/namespaces/ml-team/pods"
-    assert q["watch"] == ["True"] and q["labelSelector"] == ["training.kubeflow.org/job-name"]
+    assert q["watch"] == ["true"] and q["labelSelector"] == ["training.kubeflow.org/job-name"]
     expected = replay(body.decode().splitlines(), PodTracker(settle_s=0))
     assert [e.model_dump_json() for e in got] == [e.model_dump_json() for e in expected]
     assert tracker.resource_version == json.loads(body.decode().splitlines()[-1])["object"]["metadata"]["resourceVersion"]
+
+
+# The API server's answer to a watch from a compacted resourceVersion (a Status object, code 410).
+EXPIRED = (b'{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
+           b'"message":"too old resource version: 411000 (412098)","reason":"Expired","code":410}}\n')
+
+
+def test_expired_resource_version_lists_again():
+    from kubernetes import client
+
+    body = (FIX / "job-succeeded.jsonl").read_bytes()
+    server, requests = serve_watch(EXPIRED, body)
+    try:
+        conf = client.Configuration()
+        conf.host = f"http://127.0.0.1:{server.server_address[1]}"
+        api = client.CoreV1Api(client.ApiClient(conf))
+        tracker = PodTracker(settle_s=0)
+        tracker.resource_version = "411000"                  # where a previous run stopped
+        stop = threading.Event()
+        got = []
+        for ev in watch_events(api, "ml-team", None, tracker, stop, timeout_s=5):
+            got += tracker.apply(ev)
+            if got and got[-1].type == "end":
+                stop.set()
+    finally:
+        server.shutdown()
+    assert parse_qs(urlparse(requests[0]).query)["resourceVersion"] == ["411000"]
+    assert "resourceVersion" not in parse_qs(urlparse(requests[1]).query)       # a fresh list
+    assert [e.type for e in got] == ["start", "end"]
 
 
 def test_restart_publishes_nothing_twice(stream_cfg, tmp_path):

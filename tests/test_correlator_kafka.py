@@ -3,9 +3,9 @@
 Scheduler start/end and EventBatches of a sample go in with confluent-kafka; the worker
 runs as ``python -m firstfault.streams.correlator worker --without-web``; what comes out
 on the diagnoses topic (and in Redis) must equal ``firstfault analyze --json`` apart
-from the stream-only fields. Record timestamps are event times, and the grace is an
-hour of stream time, so only the wall-clock cap (``grace_cap_s``) finalizes: the
-tests control when.
+from the stream-only fields. The grace is an hour of stream time and record timestamps
+are the workload's event times (or the wall clock), so only the wall-clock cap
+(``grace_cap_s``) finalizes: the tests control when.
 """
 from __future__ import annotations
 
@@ -176,6 +176,12 @@ def finals(ds: list[Diagnosis]) -> list[Diagnosis]:
     return [d for d in ds if not d.provisional]
 
 
+def _ended_keys(msgs) -> set[str]:
+    """Table keys whose latest changelog value records the end event."""
+    latest = {m.key(): m.value() for m in msgs}
+    return {json.loads(k) for k, v in latest.items() if v and json.loads(json.loads(v)).get("ended")}
+
+
 def test_worked_example_diagnosis_dead_letters_and_redis(pipeline, redis_url):
     sample = SAMPLES / "worked-example"
     pipe = pipeline(grace_cap_s=1.5, redis_url=redis_url)
@@ -221,14 +227,10 @@ def test_kill_9_between_end_and_finalization_publishes_one_diagnosis(pipeline):
     pipe.produce_workload(sample, seed=2)
     first = pipe.start_worker()
 
-    def ended(msgs) -> bool:                          # the end event is in the table's changelog
-        for m in msgs:
-            if m.value() and json.loads(json.loads(m.value())).get("ended"):
-                return True
-        return False
-
-    changelog = pipe.read(f"{pipe.cfg.app_id}-workloads-changelog", ended, timeout=30, full_name=True)
-    assert ended(changelog), f"the worker never recorded the end\n{pipe.logs()}"
+    key = f"{open_bundle(sample).workload.workload_id}:0"
+    changelog = pipe.read(f"{pipe.cfg.app_id}-workloads-changelog", lambda ms: key in _ended_keys(ms),
+                          timeout=30, full_name=True)
+    assert key in _ended_keys(changelog), f"the worker never recorded the end\n{pipe.logs()}"
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     before = pipe.diagnoses(lambda ds: False, timeout=1.0)
@@ -245,12 +247,6 @@ def test_kill_9_between_end_and_finalization_publishes_one_diagnosis(pipeline):
     final_keys = [k for k in contents if not k[2]]
     assert len(final_keys) == 1 and final_keys[0][1] == 0, contents.keys()
     assert bare(finals(ds)[0]) == offline(sample)
-
-
-def _ended_keys(msgs) -> set[str]:
-    """Table keys whose latest changelog value records the end event."""
-    latest = {m.key(): m.value() for m in msgs}
-    return {json.loads(k) for k, v in latest.items() if v and json.loads(json.loads(v)).get("ended")}
 
 
 def test_a_second_worker_takes_over_open_workloads_and_each_is_finalized_once(pipeline):

@@ -301,7 +301,7 @@ class Webhook:
         while True:
             with self.cond:
                 while not self.queue and not sink.stopping.is_set():
-                    self.cond.wait(0.5)
+                    self.cond.wait(0.5)           # put() and close() notify; the timeout is a safety net
                 if sink.stopping.is_set():
                     return
                 head = self.queue[0]

@@ -30,7 +30,6 @@ so a dry run shows exactly what ``--execute`` would have done.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shlex
