@@ -7,6 +7,7 @@ one rule run, so they agree on the same evidence.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,8 +56,37 @@ def inventory_from_paths(workload: WorkloadRecord, paths: Iterable[str],
     return inv
 
 
+def _feeds(f, workload: WorkloadRecord) -> bool:
+    """Does this file count as evidence of the workload? Any line for an application file;
+    for a node-scoped file, a line inside the evidence horizon (or one with no stamp)."""
+    from .diagnose import EVIDENCE_HORIZON_S, NODE_SCOPED
+    from .extract import HostResolver, _whole_lines
+    from .prefixes import read_head
+
+    if not f.size:
+        return False
+    source = source_of(f.path)
+    if source not in NODE_SCOPED:
+        return True
+    hosts = HostResolver(workload)
+    ctx = Extractor.context_for(workload, hosts.file_host(f.path, source))
+    span = timedelta(seconds=EVIDENCE_HORIZON_S)
+    lo = workload.start_time - span
+    hi = workload.end_time + span if workload.end_time else None
+    for chunk in _whole_lines(f.open_chunks()):
+        for raw in chunk.split(b"\n"):
+            if not raw and chunk.endswith(b"\n"):
+                continue
+            stamp = read_head(raw[:4096].decode("utf-8", "replace"), ctx).stamp
+            if stamp is None or (stamp >= lo and (hi is None or stamp <= hi)):
+                return True
+            if hi is not None and stamp > hi:
+                return False
+    return False
+
+
 def _inventory(bundle: Bundle) -> dict[str, Any]:
-    paths = [f.path for f in bundle.files if f.size and source_of(f.path) != "metrics"]
+    paths = [f.path for f in bundle.files if source_of(f.path) != "metrics" and _feeds(f, bundle.workload)]
     has_metrics = any(source_of(f.path) == "metrics" and f.size for f in bundle.files)
     return inventory_from_paths(bundle.workload, paths, _metric_hosts(bundle) if has_metrics else None)
 

@@ -162,11 +162,15 @@ class Extractor:
             self._cand_cache[key] = found
         return found
 
+    @staticmethod
+    def context_for(workload: WorkloadRecord, host: str | None) -> StampContext:
+        boot = workload.boot_times.get(host) if host else None
+        return StampContext(zone=workload.zone, anchor=workload.start_time, boot=boot)
+
     def context(self, host: str | None) -> StampContext:
         ctx = self._ctx_cache.get(host)
         if ctx is None:
-            boot = self.workload.boot_times.get(host) if host else None
-            ctx = self._ctx_cache[host] = StampContext(zone=self.workload.zone, anchor=self.workload.start_time, boot=boot)
+            ctx = self._ctx_cache[host] = self.context_for(self.workload, host)
         return ctx
 
     # ------------------------------------------------------------ offline files

@@ -155,7 +155,7 @@ class Correlator:
             st = st or new_state(batch.workload_id, batch.attempt, self.now().wall)
             st.partition = message.partition
             # EARLY rules and diagnose are CPU work: off the loop, so heartbeats keep flowing.
-            applied = await asyncio.to_thread(merge_batch, st, batch, self.catalog, message.offset)
+            applied = await asyncio.to_thread(merge_batch, st, batch, self.catalog, message.offset, self.now().wall)
             self.counts["batches" if applied else "batches_skipped"] += 1
             await self._step(st, before)
 

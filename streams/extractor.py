@@ -50,6 +50,7 @@ class Held:
     rec: RawLine
     ts_ms: int
     since: float
+    above: list[str] | None = None      # the lines above it when it arrived, for stamp inheritance
 
 
 @dataclass
@@ -78,6 +79,10 @@ class ExtractorCore:
         self.counters = Counters()
         self._sent_paths: set[tuple[str, int, str]] = set()
         self._unrouted_paths: dict[str, Held] = {}     # files seen before their workload was known
+        # Node-scoped lines of the last hold_s seconds, per host, replayed for a workload whose
+        # start event arrives after them (a scheduler connector polls; lines do not wait).
+        self._recent: dict[str, deque[Held]] = {}
+        self._recent_files: dict[str, dict[str, Held]] = {}
         probe = Extractor(self.catalog, _placeholder())
         self.prefilter = probe.prefilter
         self._generic = probe
@@ -109,24 +114,45 @@ class ExtractorCore:
         found = self.timeline.at(host, self._when(rec, ts_ms))
         return found or None
 
-    def _within_horizon(self, rec: RawLine, allocs) -> list[Allocation]:
-        """The allocations whose evidence horizon holds this node-scoped line (read in their zone).
+    def _horizon(self, rec: RawLine, allocs) -> tuple[list[Allocation], list[Allocation]]:
+        """(allocations whose evidence horizon holds this line, those it is already past).
 
         Routing is generous (a line's zone is unknown until its workload is); the evidence
-        inventory must not be, or a host's syslog would count for every job near it.
+        inventory must not be, or a host's syslog would count for every job near it. A file
+        counts for a workload once one of its lines falls in the horizon (or has no stamp),
+        as ``engine.inventory`` decides offline.
         """
         source = rec.source or source_of(rec.path) or "app"
         if source not in NODE_SCOPED:
-            return list(allocs)
-        out = []
+            return list(allocs), []
+        inside, past = [], []
+        span = timedelta(seconds=EVIDENCE_HORIZON_S)
         for a in allocs:
             ex = self.extractor_for(a)
             stamp = read_head(rec.text, ex.context(ex.hosts.file_host(rec.path, source))).stamp
-            lo = a.workload.start_time - timedelta(seconds=EVIDENCE_HORIZON_S)
             end = a.end or a.workload.end_time
-            if stamp is None or (stamp >= lo and (end is None or stamp <= end + timedelta(seconds=EVIDENCE_HORIZON_S))):
-                out.append(a)
-        return out
+            if stamp is None or (stamp >= a.workload.start_time - span and (end is None or stamp <= end + span)):
+                inside.append(a)
+            elif end is not None and stamp > end + span:
+                past.append(a)
+        return inside, past
+
+    def _credit(self, rec: RawLine, ts_ms: int, now: float, paths: dict) -> bool:
+        """Credit this line's file to the workloads it feeds; True when nothing is left to decide."""
+        allocs = self.route(rec, ts_ms)
+        if allocs is None:
+            key = _mem_key(rec)
+            if key not in self._unrouted_paths:
+                self._unrouted_paths[key] = Held(rec, ts_ms, now)
+            return True
+        open_ = [a for a in allocs if (a.workload.workload_id, a.workload.attempt, rec.path) not in self._sent_paths
+                 and rec.path not in paths.get((a.workload.workload_id, a.workload.attempt), ())]
+        if not open_:
+            return True
+        inside, past = self._horizon(rec, open_)
+        for a in inside:
+            paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(rec.path)
+        return len(inside) + len(past) == len(open_)
 
     # ------------------------------------------------------------ a batch
     def handle(self, records: list[tuple[RawLine, int]], now: float | None = None) -> dict[tuple[str, int], EventBatch]:
@@ -142,6 +168,7 @@ class ExtractorCore:
             pos += len(raw) + 1
         hits = self.prefilter.scan(b"\n".join(encoded)) if records else {}
         last_line: dict[str, int] = {}       # per file in this batch: the last line number seen
+        settled: dict[str, bool] = {}        # per file: every workload it may feed is decided
         for i, (rec, ts_ms) in enumerate(records):
             self.counters.records += 1
             host_key = rec.host or "?"
@@ -150,13 +177,15 @@ class ExtractorCore:
             # consecutive lines, again where the numbering jumps (another file, a rotation).
             key = _mem_key(rec)
             if last_line.get(key) != rec.line - 1:
-                allocs = self.route(rec, ts_ms)
-                for a in self._within_horizon(rec, allocs or ()):
-                    paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(rec.path)
-                if allocs is None and key not in self._unrouted_paths:
-                    self._unrouted_paths[key] = Held(rec, ts_ms, now)
+                settled[key] = False
+            if not settled[key]:
+                settled[key] = self._credit(rec, ts_ms, now, paths)
             last_line[key] = rec.line
             anchor_hits = hits.get(offsets[i])
+            if anchor_hits and not rec.workload_id:
+                self._remember(rec, ts_ms, now, candidate=True)
+            elif not rec.workload_id:
+                self._remember(rec, ts_ms, now, candidate=False)
             if anchor_hits:
                 self.counters.candidates += 1
                 allocs = self.route(rec, ts_ms)
@@ -167,22 +196,25 @@ class ExtractorCore:
             self.memory.add(_mem_key(rec), rec.line, rec.text)
         return self._batches(out, paths)
 
-    def _extract(self, rec: RawLine, anchor_ids, allocs: list[Allocation], out, stats: ExtractStats) -> None:
+    def _extract(self, rec: RawLine, anchor_ids, allocs: list[Allocation], out, stats: ExtractStats,
+                 above: list[str] | None = None) -> None:
         raw = rec.text.encode("utf-8", "surrogateescape")
         source = rec.source or source_of(rec.path) or "app"
         for alloc in allocs:
             ex = self.extractor_for(alloc)
             file_host = ex.hosts.file_host(rec.path, source)
             ctx = ex.context(file_host)
-            ev = ex.read_line(rec.path, source, file_host, ctx, rec.line, raw, anchor_ids,
-                              lambda r=rec: self.memory.above(_mem_key(r), r.line), stats)
+            lines_above = (lambda a=above: a) if above is not None else \
+                (lambda r=rec: self.memory.above(_mem_key(r), r.line))
+            ev = ex.read_line(rec.path, source, file_host, ctx, rec.line, raw, anchor_ids, lines_above, stats)
             if ev is not None:
                 key = (alloc.workload.workload_id, alloc.workload.attempt)
                 out.setdefault(key, EventSet()).add(ev)
                 self.counters.events += 1
 
     def _hold(self, rec: RawLine, ts_ms: int, now: float) -> None:
-        self.held.append(Held(rec, ts_ms, now))
+        # Keep its context now: by the time its workload is known the file has moved on.
+        self.held.append(Held(rec, ts_ms, now, list(self.memory.above(_mem_key(rec), rec.line))))
         self.counters.held += 1
         while len(self.held) > self.cfg.hold_max:
             self._give_up(self.held.popleft())      # over the count bound: counted, oldest first
@@ -203,6 +235,33 @@ class ExtractorCore:
         self.counters.unrouted_lines += 1
         self.counters.node_history += 1
 
+    def _remember(self, rec: RawLine, ts_ms: int, now: float, candidate: bool) -> None:
+        host = rec.host or "?"
+        if candidate:
+            buf = self._recent.setdefault(host, deque(maxlen=1000))
+            buf.append(Held(rec, ts_ms, now, list(self.memory.above(_mem_key(rec), rec.line))))
+        else:
+            self._recent_files.setdefault(host, {})[_mem_key(rec)] = Held(rec, ts_ms, now)
+
+    def started(self, alloc: Allocation, now: float | None = None) -> dict[tuple[str, int], EventBatch]:
+        """A new workload attempt started: give it the recent node-scoped lines of its hosts."""
+        now = time.monotonic() if now is None else now
+        out: dict[tuple[str, int], EventSet] = {}
+        paths: dict[tuple[str, int], set[str]] = {}
+        stats = ExtractStats()
+        key = (alloc.workload.workload_id, alloc.workload.attempt)
+        for host in alloc.workload.nodes:
+            for h in [h for h in self._recent.get(host, ()) if now - h.since <= self.cfg.hold_s]:
+                if any(a is alloc for a in self.route(h.rec, h.ts_ms) or ()):
+                    hits = self.prefilter.scan(h.rec.text.encode("utf-8", "surrogateescape"))
+                    if hits:
+                        self._extract(h.rec, hits[0], [alloc], out, stats, above=h.above)
+            for h in list(self._recent_files.get(host, {}).values()) + [h for h in self._recent.get(host, ())]:
+                if now - h.since <= self.cfg.hold_s and any(a is alloc for a in self.route(h.rec, h.ts_ms) or ()):
+                    if self._horizon(h.rec, [alloc])[0]:
+                        paths.setdefault(key, set()).add(h.rec.path)
+        return self._batches(out, paths)
+
     def retry_held(self, now: float | None = None) -> tuple[dict[tuple[str, int], EventBatch], list[Held]]:
         """Route held lines again (after new scheduler events); expire old ones to node history."""
         now = time.monotonic() if now is None else now
@@ -217,7 +276,7 @@ class ExtractorCore:
             if allocs:
                 hits = self.prefilter.scan(h.rec.text.encode("utf-8", "surrogateescape"))
                 if hits:
-                    self._extract(h.rec, hits[0], allocs, out, stats)
+                    self._extract(h.rec, hits[0], allocs, out, stats, above=h.above)
                 for a in allocs:
                     paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
             elif now - h.since > self.cfg.hold_s:
@@ -229,7 +288,7 @@ class ExtractorCore:
         for key, h in list(self._unrouted_paths.items()):
             allocs = self.route(h.rec, h.ts_ms)
             if allocs:
-                for a in self._within_horizon(h.rec, allocs):
+                for a in self._horizon(h.rec, allocs)[0]:
                     paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
                 del self._unrouted_paths[key]
             elif now - h.since > self.cfg.hold_s:
@@ -301,7 +360,11 @@ class ExtractorWorker:
                     continue
                 self.offsets.note_message(m)
                 try:
-                    self.core.timeline.apply(decode_scheduler(m.value()))
+                    ev = decode_scheduler(m.value())
+                    known = self.core.timeline.get(ev.workload.workload_id, ev.workload.attempt) is not None
+                    alloc = self.core.timeline.apply(ev)
+                    if not known:
+                        self.publish(self.core.started(alloc))
                     n += 1
                 except RecordError:
                     pass      # the correlator dead-letters scheduler records; one report is enough

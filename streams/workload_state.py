@@ -75,6 +75,7 @@ class WorkloadState(BaseModel):
     end_time: datetime | None = Field(default=None, description="event time: the end record's end_time")
     end_record_ts: datetime | None = Field(default=None, description="the end record's Kafka timestamp")
     end_seen: datetime | None = Field(default=None, description="processing time: wall clock at the end event")
+    last_input: datetime | None = Field(default=None, description="processing time: wall clock of the last batch merged")
     events: dict[str, Event] = Field(default_factory=dict, description="by signature")
     paths: list[str] = Field(default_factory=list)
     offsets: dict[str, int] = Field(default_factory=dict, description="highest input offset applied, per topic")
@@ -174,13 +175,16 @@ def _signature(ev: Event) -> str:
     return ev.signature or f"{ev.kind}|{ev.host}|{ev.ref.path}:{ev.ref.line}"
 
 
-def merge_batch(state: WorkloadState, batch: EventBatch, catalog: Catalog, seq: int | None = None) -> bool:
+def merge_batch(state: WorkloadState, batch: EventBatch, catalog: Catalog, seq: int | None = None,
+                wall_now: datetime | None = None) -> bool:
     """Merge one EventBatch; True when it was applied (not a redelivery, not past the horizon)."""
     if _redelivered(state, "events", seq):
         return False
     if state.closed_at is not None:
         state.dropped += 1
         return False
+    if wall_now is not None:
+        state.last_input = wall_now
     if not state.ended and not state.root_arrived and strong_root_signatures(batch.events, catalog):
         state.root_arrived = True
     for ev in batch.events:
@@ -211,19 +215,35 @@ def _end_anchor(state: WorkloadState) -> datetime | None:
     return max(stamps) if stamps else None
 
 
+# The processing-time cap restarts while batches for the workload keep coming (the
+# extractor may lag behind the scheduler's end event), but never beyond this many caps.
+QUIET_CAP_MULTIPLE = 10
+
+
+def _wall_deadline(state: WorkloadState, wall_after_s: float, quiet: bool) -> datetime | None:
+    if state.end_seen is None:
+        return None
+    deadline = state.end_seen + timedelta(seconds=wall_after_s)
+    if quiet and state.last_input is not None:
+        deadline = min(max(deadline, state.last_input + timedelta(seconds=wall_after_s)),
+                       state.end_seen + timedelta(seconds=wall_after_s * QUIET_CAP_MULTIPLE))
+    return deadline
+
+
 def _passed(state: WorkloadState, stream_time: datetime | None, wall_now: datetime,
-            stream_after_s: float, wall_after_s: float) -> bool:
+            stream_after_s: float, wall_after_s: float, quiet: bool = False) -> bool:
     anchor = _end_anchor(state)
     if anchor is not None and stream_time is not None and stream_time >= anchor + timedelta(seconds=stream_after_s):
         return True
-    return state.end_seen is not None and wall_now >= state.end_seen + timedelta(seconds=wall_after_s)
+    deadline = _wall_deadline(state, wall_after_s, quiet)
+    return deadline is not None and wall_now >= deadline
 
 
 def due_for_final(state: WorkloadState, stream_time: datetime | None, wall_now: datetime,
                   cfg: StreamConfig) -> bool:
     """Ended, not finalized, and the grace is over: on stream time, or capped on the wall clock."""
     return (state.ended and state.published is None
-            and _passed(state, stream_time, wall_now, cfg.grace_s, cfg.grace_cap_s))
+            and _passed(state, stream_time, wall_now, cfg.grace_s, cfg.grace_cap_s, quiet=True))
 
 
 def past_lateness(state: WorkloadState, stream_time: datetime | None, wall_now: datetime,
@@ -242,10 +262,11 @@ def next_wake(state: WorkloadState, cfg: StreamConfig) -> Wake | None:
         return Wake(None, state.first_seen + timedelta(seconds=cfg.hold_s))
     if not state.ended:
         return None
-    anchor, seen = _end_anchor(state), state.end_seen
-    after = (cfg.grace_s, cfg.grace_cap_s) if state.published is None else (cfg.lateness_s, cfg.lateness_s)
+    anchor = _end_anchor(state)
+    final = state.published is None
+    after = (cfg.grace_s, cfg.grace_cap_s) if final else (cfg.lateness_s, cfg.lateness_s)
     return Wake(anchor + timedelta(seconds=after[0]) if anchor else None,
-                seen + timedelta(seconds=after[1]) if seen else None)
+                _wall_deadline(state, after[1], quiet=final))
 
 
 def expired(state: WorkloadState, wall_now: datetime, cfg: StreamConfig) -> bool:

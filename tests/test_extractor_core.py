@@ -68,3 +68,33 @@ def test_lines_before_the_start_event_are_held_then_routed():
     wl, events, paths = _stream(sample, seed=3, start_first=False)
     got = diagnose(wl, events.sorted(), load_catalog(), inventory_from_paths(wl, paths))
     assert got.to_json() == analyze_path(sample).diagnosis.to_json()
+
+
+def test_node_lines_before_a_late_start_reach_the_new_workload():
+    """A scheduler connector polls: node-scoped lines may come before the start event, even while
+    another workload on the same hosts is still open. The new workload still gets them."""
+    sample = next(p for p in sample_dirs() if p.name == "worked-example")
+    wl, records = bundle_records(sample)
+    core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+    # An earlier job on the same nodes, ended an hour before: its horizon still covers the lines.
+    earlier = wl.model_copy(update={"workload_id": "earlier", "start_time": wl.start_time.replace(hour=6),
+                                    "end_time": wl.start_time.replace(hour=9)})
+    core.timeline.apply(SchedulerEvent(type="end", workload=earlier, ts=earlier.end_time))
+    events, paths = EventSet(), set()
+
+    def take(batches):
+        for (wid, _), b in batches.items():
+            if wid == wl.workload_id:
+                events.update(Ev.from_schema(e) for e in b.events)
+                paths.update(b.paths)
+
+    syslog = [(r, 0) for _, r in records if r.workload_id is None]
+    app = [(r, 0) for _, r in records if r.workload_id is not None]
+    take(core.handle(syslog))                      # node lines first: no start for this job yet
+    alloc = core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    take(core.started(alloc))
+    take(core.handle(app))
+    core.timeline.apply(SchedulerEvent(type="end", workload=wl, ts=wl.end_time))
+    take(core.retry_held()[0])
+    got = diagnose(wl, events.sorted(), load_catalog(), inventory_from_paths(wl, paths))
+    assert got.to_json() == analyze_path(sample).diagnosis.to_json()
