@@ -250,8 +250,10 @@ class ExtractorCore:
         paths: dict[tuple[str, int], set[str]] = {}
         stats = ExtractStats()
         key = (alloc.workload.workload_id, alloc.workload.attempt)
+        waiting = {id(h.rec) for h in self.held}      # retry_held routes those; do not count them twice
         for host in alloc.workload.nodes:
-            for h in [h for h in self._recent.get(host, ()) if now - h.since <= self.cfg.hold_s]:
+            for h in [h for h in self._recent.get(host, ())
+                      if now - h.since <= self.cfg.hold_s and id(h.rec) not in waiting]:
                 if any(a is alloc for a in self.route(h.rec, h.ts_ms) or ()):
                     hits = self.prefilter.scan(h.rec.text.encode("utf-8", "surrogateescape"))
                     if hits:

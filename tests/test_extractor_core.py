@@ -98,3 +98,17 @@ def test_node_lines_before_a_late_start_reach_the_new_workload():
     take(core.retry_held()[0])
     got = diagnose(wl, events.sorted(), load_catalog(), inventory_from_paths(wl, paths))
     assert got.to_json() == analyze_path(sample).diagnosis.to_json()
+
+
+def test_a_held_line_is_counted_once_when_its_start_arrives():
+    sample = next(p for p in sample_dirs() if p.name == "worked-example")
+    wl, records = bundle_records(sample)
+    core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+    events = EventSet()
+    take = lambda bs: [events.update(Ev.from_schema(e) for e in b.events) for b in bs.values()]  # noqa: E731
+    take(core.handle([(r, 0) for _, r in records if r.workload_id is None]))     # all held: no workload yet
+    alloc = core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    take(core.started(alloc))
+    take(core.retry_held()[0])
+    xids = [e for e in events.sorted() if e.kind == "xid" and e.fields.get("xid") == 149]
+    assert len(xids) == 1 and xids[0].count == 1

@@ -50,10 +50,13 @@ def running(kafka_bootstrap, unique_name, tmp_path):
                                       stdout=log, stderr=subprocess.STDOUT))
     # Production workers run long before a job ends; wait until both answer, with a
     # warm-up workload, so the grace period measures the pipeline, not process start-up.
+    # (Its own host and day: node-scoped lines are shared by every workload on a node at a time.)
     warm = tmp_path / "warmup"
-    shutil.copytree(next(p for p in sample_dirs() if p.name == "clean-completion"), warm)
-    wl = json.loads((warm / "workload.json").read_text())
-    (warm / "workload.json").write_text(json.dumps({**wl, "workload_id": "warmup"}))
+    (warm / "logs" / "app").mkdir(parents=True)
+    (warm / "workload.json").write_text(json.dumps({
+        "workload_id": "warmup", "state": "COMPLETED", "start_time": "2026-10-01T00:00:00Z",
+        "end_time": "2026-10-01T00:10:00Z", "nodes": ["warm-01"], "gpus_per_node": 1}))
+    (warm / "logs" / "app" / "warm-01.log").write_text("0: [2026-10-01 00:05:00,000] INFO step 1 loss 2.0\n")
     ship(warm, cfg)
     assert "warmup" in _finals(cfg, lambda out: "warmup" in out, timeout=90), "the pipeline never answered"
     yield cfg
