@@ -60,7 +60,7 @@ class Pipeline:
                  commit_interval_s: float | None = None):
         self.cfg = StreamConfig(bootstrap=bootstrap, prefix=f"{name}.", partitions=PARTITIONS, grace_s=3600,
                                 grace_cap_s=grace_cap_s, lateness_s=3600, app_id=f"{name}-correlator",
-                                redis_url=redis_url)
+                                redis_url=redis_url, redis_prefix=f"{name}:")
         kafka.ensure_topics(self.cfg, [self.cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter")])
         self.tmp = tmp
         self.commit_interval_s = commit_interval_s
@@ -110,6 +110,7 @@ class Pipeline:
                    TMPDIR=str(self.tmp))                  # Faust's datadir: a SIGKILL skips its cleanup
         if self.cfg.redis_url:
             env["FIRSTFAULT_REDIS_URL"] = self.cfg.redis_url
+            env["FIRSTFAULT_REDIS_PREFIX"] = self.cfg.redis_prefix
         if self.commit_interval_s:
             env["FIRSTFAULT_COMMIT_INTERVAL_S"] = str(self.commit_interval_s)
         log = open(self.tmp / f"worker-{len(self.workers)}.log", "wb")
@@ -211,7 +212,7 @@ def test_worked_example_diagnosis_dead_letters_and_redis(pipeline, redis_url):
         assert (letter["partition"], letter["offset"]) == (partition, offset)
     assert worker.poll() is None                      # the agents survived both
 
-    store = DiagnosisStore(redis_url, prefix=pipe.cfg.prefix)
+    store = DiagnosisStore(redis_url, prefix=pipe.cfg.redis_prefix)
     deadline = time.monotonic() + 10                  # the store is written just after the topic
     while (stored := store.latest(final.workload_id, final.attempt)) is None or stored.provisional:
         assert time.monotonic() < deadline, f"not in Redis\n{pipe.logs()}"
