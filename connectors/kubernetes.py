@@ -49,7 +49,7 @@ from firstfault.schemas import SchedulerEvent, WorkloadRecord
 from firstfault.streams.config import StreamConfig
 
 from .metrics_names import METRICS_PORT
-from .publish import ConnectorMetrics, PublishedLog, SchedulerPublisher
+from .publish import ConnectorMetrics, PrintPublisher, PublishedLog, SchedulerPublisher
 
 log = logging.getLogger("firstfault.connectors.kubernetes")
 
@@ -413,20 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Printer:
-    def publish(self, events: Sequence[SchedulerEvent]) -> int:
-        for e in events:
-            sys.stdout.write(e.model_dump_json() + "\n")
-        sys.stdout.flush()
-        return len(events)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics = ConnectorMetrics("kubernetes")
     if args.dry_run:
-        publisher: Any = _Printer()
+        publisher: Any = PrintPublisher()
     else:
         cfg = StreamConfig.from_env(bootstrap=args.kafka_bootstrap)
         if not cfg.bootstrap:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -87,6 +88,16 @@ class SchedulerPublisher:
         if self.metrics is not None:
             for ev in events:
                 self.metrics.events.labels(ev.workload.scheduler, ev.type).inc()
+        return len(events)
+
+
+class PrintPublisher:
+    """``--dry-run``: the events as JSON lines on stdout instead of the scheduler topic."""
+
+    def publish(self, events: Sequence[SchedulerEvent]) -> int:
+        for e in events:
+            sys.stdout.write(e.model_dump_json() + "\n")
+        sys.stdout.flush()
         return len(events)
 
 

@@ -59,7 +59,7 @@ from firstfault.streams.config import StreamConfig
 
 from .hostlist import expand
 from .metrics_names import METRICS_PORT
-from .publish import ConnectorMetrics, SchedulerPublisher, atomic_write
+from .publish import ConnectorMetrics, PrintPublisher, SchedulerPublisher, atomic_write
 
 log = logging.getLogger("firstfault.connectors.slurm")
 
@@ -551,14 +551,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Printer:
-    def publish(self, events: Sequence[SchedulerEvent]) -> int:
-        for e in events:
-            sys.stdout.write(e.model_dump_json() + "\n")
-        sys.stdout.flush()
-        return len(events)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -572,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra += ["--partition", args.partition]
     metrics = ConnectorMetrics("slurm")
     if args.dry_run:
-        publisher: Any = _Printer()
+        publisher: Any = PrintPublisher()
         state = Path(tempfile.mkdtemp(prefix="firstfault-slurm-")) / "state.json"
     else:
         cfg = StreamConfig.from_env(bootstrap=args.kafka_bootstrap)
