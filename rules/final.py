@@ -23,7 +23,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "default_timeout_ms": 600000,     # PyTorch's NCCL process-group default, when no line states one
     "min_coverage": 0.5,              # a root must explain at least this share of symptom lines
     "ambiguity_margin": 0.1,          # roots within this coverage of the best one also fit
-    "window_slack_s": 300.0,          # workload window padding for events before start / after end
+    "window_slack_s": 300.0,          # a root may precede the workload's start by this much
+    "end_slack_s": 10.0,              # ... and follow its end only by this much (host clocks disagree)
     "inherited_slack_s": 60.0,        # a line with an inherited stamp may have been written this much later
     "max_refs": 10,
 }

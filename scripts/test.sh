@@ -4,12 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# System programs some tests drive for real: headless Chromium (the diagnosis page) and
-# promtool (alert rules). Installed from Debian's packages when we are root (CI is);
+# System programs some tests drive for real: headless Chromium (the diagnosis page),
+# promtool (alert rules), rsyslog's omkafka and kcat (the log shipper recipes). Installed from Debian's packages when we are root (CI is);
 # elsewhere those tests say they were skipped and why.
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v kcat >/dev/null 2>&1 || need+=(kcat)
+ls /usr/lib/*/rsyslog/omkafka.so >/dev/null 2>&1 || need+=(rsyslog rsyslog-kafka)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${need[*]} (Debian packages) ..."
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null 2>&1 \

@@ -2,20 +2,29 @@
 
 The raw topic takes Avro ``RawLine`` (single-object encoding) from ``firstfault ship``,
 JSON from existing shippers (Fluent Bit ``log``, Vector ``message``, rsyslog omkafka
-templates with ``msg``/``message``; host in ``host``/``hostname``; path and line
-when known) and plain text (host from the key or a ``host`` header). Anything else
-raises ``RecordError`` with the reason, for the dead-letter topic.
+templates with ``msg``/``message``; host in ``host``/``hostname``; path, source and
+line when known) and plain text (kcat: host from the key or a ``host`` header, path,
+source, line and workload_id from headers). Anything else raises ``RecordError`` with
+the reason, for the dead-letter topic.
+
+A shipper names files by their place on the node (``/var/log/syslog``); evidence names
+them by their place in a bundle (``logs/syslog/node-02.log``), which is also what tells
+the engine a line is node-scoped. ``bundle_path`` maps one to the other. Shippers that
+send no line number get the message's Kafka offset + 1 instead: unique, and in file
+order, since a file's lines share a key and so a partition.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import ValidationError
 
 from firstfault.rules.errors import RecordError
+from firstfault.rules.extract import source_of
 from firstfault.schemas import EventBatch, RawLine, SchedulerEvent
 from firstfault.schemas.avro import MAGIC, decode
 
@@ -25,6 +34,47 @@ _PATH_KEYS = ("path", "file", "filename", "log_file", "_path")
 _LINE_KEYS = ("line", "lineno", "offset_line", "line_number")
 
 
+_SOURCES = ("app", "syslog", "fabricmanager")
+# Where distributions and NVIDIA's packages write node-scoped logs (basename -> source).
+_NODE_FILES = {"syslog": "syslog", "messages": "syslog", "kern.log": "syslog", "kern": "syslog",
+               "dmesg": "syslog", "daemon.log": "syslog", "journal": "syslog",
+               "fabricmanager.log": "fabricmanager", "nv-fabricmanager.log": "fabricmanager"}
+
+
+def bundle_path(host: str | None, path: str | None, source: str | None = None) -> tuple[str, str]:
+    """A shipper's (host, file path, declared source) -> (bundle path, source).
+
+    Bundle paths pass through. Otherwise the source is the declared one, else the
+    file's well-known name, else ``app``; a host's syslog or Fabric Manager log becomes
+    ``logs/<source>/<host>.log``, an application file ``logs/app/<host>.<name>.log``
+    (the engine finds the host in the name before the first dot).
+    """
+    if source is not None and source not in _SOURCES:
+        raise RecordError(f"unknown source {source!r}: one of {', '.join(_SOURCES)}")
+    if path and source_of(path) is not None:
+        return path, source or source_of(path)
+    name = PurePosixPath(path).name if path else ""
+    if source is None:
+        source = _NODE_FILES.get(name) or ("syslog" if path and "/journal/" in path else
+                                           "syslog" if not path else "app")
+    if source != "app":
+        if not host:
+            raise RecordError(f"a {source} line with no host")
+        return f"logs/{source}/{host}.log", source
+    stem = PurePosixPath(name).stem or "app"
+    if not host:
+        return f"logs/app/{stem}.log", source
+    return (f"logs/app/{host}.log" if stem == host else f"logs/app/{host}.{stem}.log"), source
+
+
+def _line_no(line: object, offset: int | None) -> int:
+    if isinstance(line, int) and line >= 1:
+        return line
+    if isinstance(line, str) and line.isdigit() and int(line) >= 1:
+        return int(line)
+    return offset + 1 if offset is not None and offset >= 0 else 1
+
+
 def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:
     for k, v in headers or ():
         if k == name and v is not None:
@@ -32,7 +82,7 @@ def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | Non
     return None
 
 
-def _from_json(doc: dict[str, Any], key: str | None, headers) -> RawLine:
+def _from_json(doc: dict[str, Any], key: str | None, headers, offset: int | None) -> RawLine:
     text = next((doc[k] for k in _TEXT_KEYS if isinstance(doc.get(k), str)), None)
     if text is None:
         raise RecordError(f"JSON record has none of the text fields {', '.join(_TEXT_KEYS)}")
@@ -40,18 +90,18 @@ def _from_json(doc: dict[str, Any], key: str | None, headers) -> RawLine:
         or _header(headers, "host")
     path = next((doc[k] for k in _PATH_KEYS if isinstance(doc.get(k), str) and doc[k]), None) \
         or _header(headers, "path")
-    line = next((doc[k] for k in _LINE_KEYS if isinstance(doc.get(k), int)), None)
-    if line is None and (h := _header(headers, "line")) and h.isdigit():
-        line = int(h)
+    source = doc.get("source") if isinstance(doc.get("source"), str) and doc["source"] else _header(headers, "source")
+    line = next((doc[k] for k in _LINE_KEYS if isinstance(doc.get(k), int)), None) or _header(headers, "line")
     if not host and not path:
         raise RecordError("record names neither a host nor a path")
-    path = path or f"logs/syslog/{host}.log"
-    return RawLine(host=host, path=path, line=max(int(line or 1), 1), text=text.rstrip("\n"),
-                   workload_id=doc.get("workload_id") if isinstance(doc.get("workload_id"), str) else None)
+    path, source = bundle_path(host, path, source)
+    wid = doc.get("workload_id") if isinstance(doc.get("workload_id"), str) else _header(headers, "workload_id")
+    return RawLine(host=host, path=path, line=_line_no(line, offset), text=text.rstrip("\r\n"), source=source,
+                   workload_id=wid or None)
 
 
-def decode_raw(value: bytes | None, key: bytes | None, headers=None) -> RawLine:
-    """A raw-topic message -> RawLine, or RecordError saying why not."""
+def decode_raw(value: bytes | None, key: bytes | None, headers=None, offset: int | None = None) -> RawLine:
+    """A raw-topic message -> RawLine, or RecordError saying why not. ``offset`` numbers unnumbered lines."""
     if value is None or value == b"":
         raise RecordError("empty message")
     key_s = key.decode("utf-8", "replace") if key else None
@@ -71,17 +121,17 @@ def decode_raw(value: bytes | None, key: bytes | None, headers=None) -> RawLine:
         if not isinstance(doc, dict):
             raise RecordError("JSON record is not an object")
         try:
-            return _from_json(doc, key_s, headers)
+            return _from_json(doc, key_s, headers, offset)
         except ValidationError as exc:
             raise RecordError(f"invalid raw record: {exc.errors()[0]['msg']}") from None
     host = _header(headers, "host") or key_s
-    path = _header(headers, "path") or (f"logs/syslog/{host}.log" if host else None)
-    if path is None:
-        raise RecordError("plain-text line with no host (key or 'host' header)")
-    line = _header(headers, "line")
+    path = _header(headers, "path")
+    if not host and not path:
+        raise RecordError("plain-text line with no host (key or 'host' header) and no 'path' header")
+    path, source = bundle_path(host, path, _header(headers, "source"))
     text = value.decode("utf-8", "surrogateescape").rstrip("\r\n")
-    return RawLine(host=host, path=path, line=int(line) if line and line.isdigit() and int(line) > 0 else 1,
-                   text=text, workload_id=_header(headers, "workload_id"))
+    return RawLine(host=host, path=path, line=_line_no(_header(headers, "line"), offset), text=text, source=source,
+                   workload_id=_header(headers, "workload_id"))
 
 
 def decode_scheduler(value: bytes | None) -> SchedulerEvent:

@@ -174,7 +174,7 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Win
     try:
         for m in reader:
             try:
-                batch.append((decode_raw(m.value(), m.key(), m.headers()), m.timestamp()[1]))
+                batch.append((decode_raw(m.value(), m.key(), m.headers(), m.offset()), m.timestamp()[1]))
             except (RecordError, ValueError):
                 counts["raw_unreadable"] += 1
                 continue

@@ -81,6 +81,17 @@ def test_allow_list_and_hints_without_a_node_action(tmp_path, diag):
     assert out.getvalue().count("DRY-RUN") == 1
 
 
+def test_the_final_diagnosis_acts_after_its_provisional_twin_was_refused(tmp_path, diag):
+    # The correlator publishes a provisional diagnosis at the end event; when no late line
+    # changes the evidence, the final one carries the same diagnosis_id.
+    sink, out = make(tmp_path)
+    final = diag["worked-example"]
+    prov = final.model_copy(update={"provisional": True})
+    assert "provisional" in sink.handle(prov).reason
+    assert sink.handle(final).decision == "dry_run"
+    assert out.getvalue().count("DRY-RUN") == 1
+
+
 def test_at_most_n_nodes_per_hour(tmp_path, diag):
     clock = Clock()
     sink, out = make(tmp_path, clock, max_nodes_per_hour=2)

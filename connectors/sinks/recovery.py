@@ -206,7 +206,9 @@ class RecoverySink:
         def refuse(reason: str, nodes: list[str] | None = None, **detail: Any) -> AuditRecord:
             rec = AuditRecord(decision="refused", reason=reason, nodes=nodes if nodes is not None else [], detail=detail,
                               **base)
-            if reason != "duplicate":
+            # A provisional diagnosis may share its id with the final one that follows:
+            # refusing it must not make the final one a duplicate.
+            if reason != "duplicate" and not d.provisional:
                 self.handled.add(d.diagnosis_id)
             self._audit(rec)
             return rec
@@ -263,16 +265,25 @@ class RecoverySink:
         return rec
 
 
-def _follow(sink: RecoverySink, group: str, stop: threading.Event) -> None:
+def _follow(sink: RecoverySink, group: str, stop: threading.Event, health: Any | None = None) -> None:
+    """Decide on every diagnosis of the topic until ``stop``; ``health`` is beaten every turn,
+    ready once the group assigned this sink its partitions."""
     from firstfault.schemas.avro import decode
     from firstfault.streams import kafka
     from firstfault.streams.config import StreamConfig
 
     cfg = StreamConfig.from_env()
     consumer = kafka.consumer(cfg, group)
-    consumer.subscribe([cfg.topic("diagnoses")])
+    if health is not None:
+        health.not_ready("waiting for the consumer group to assign the diagnoses partitions")
+        consumer.subscribe([cfg.topic("diagnoses")], on_assign=lambda _c, _p: health.ready(),
+                           on_revoke=lambda _c, _p: health.not_ready("rebalancing"))
+    else:
+        consumer.subscribe([cfg.topic("diagnoses")])
     try:
         while not stop.is_set():
+            if health is not None:
+                health.beat()
             msgs = consumer.consume(num_messages=100, timeout=0.5) or []
             for msg in msgs:
                 if msg.error() is None and msg.value():
@@ -331,15 +342,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.follow:
         p.error("give diagnosis files or --follow")
-    from prometheus_client import start_http_server
+    from firstfault.streams.health import Health
 
-    if args.metrics_port:
-        start_http_server(args.metrics_port, registry=sink.registry)
+    health = Health(sink.registry, "recovery", stale_after_s=300.0)      # a decision may run commands
+    health.serve(args.metrics_port)              # /metrics, /healthz, /readyz
     stop = threading.Event()
     try:
-        _follow(sink, args.group, stop)
+        _follow(sink, args.group, stop, health=health)
     except KeyboardInterrupt:
         return 130
+    finally:
+        health.close()
     return 0
 
 

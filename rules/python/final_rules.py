@@ -27,15 +27,21 @@ def _scenario(files: dict[str, str], **workload) -> dict:
 
 @final_rule(
     id="final.scope", priority=1000, title="Blame only the workload's hosts and time",
-    description="Root candidates from hosts outside the workload, or from before its start or after its "
-                "end (beyond a slack), are kept as context and never blamed.",
-    examples={"fires": [_scenario({"logs/syslog/node-09.log": _XID79.replace("node-02", "node-09")})],
-              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79})]},
+    description="Root candidates from hosts outside the workload, from before its start (beyond a slack: "
+                "a fault on an allocated node may kill the job at start-up) or after its end (beyond the "
+                "clock tolerance: a fault logged after the job ended did not end it) are kept as context "
+                "and never blamed.",
+    examples={"fires": [_scenario({"logs/syslog/node-09.log": _XID79.replace("node-02", "node-09")}),
+                        # an srun retry's fault, 31 s after the previous attempt ended
+                        _scenario({"logs/syslog/node-02.log": _XID79}, end_time="2026-11-02T10:02:40Z")],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79}),
+                        _scenario({"logs/syslog/node-02.log": _XID79}, end_time="2026-11-02T10:03:05Z")]},
 )
 def scope(ctx: FinalContext) -> None:
     wl = ctx.workload
-    slack = timedelta(seconds=float(ctx.settings["window_slack_s"]))
-    start, end = wl.start_time - slack, (wl.end_time + slack) if wl.end_time else None
+    before = timedelta(seconds=float(ctx.settings["window_slack_s"]))
+    after = timedelta(seconds=float(ctx.settings["end_slack_s"]))
+    start, end = wl.start_time - before, (wl.end_time + after) if wl.end_time else None
     nodes = set(wl.nodes)
     out: list[Ev] = []
     for ev in ctx.roots:

@@ -1,0 +1,90 @@
+"""The whole pipeline for a test: an extractor and a correlator as subprocesses, and a reader of its diagnoses.
+
+Not a plugin (import what you use); the broker and Redis fixtures are in conftest_kafka.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def worker_env(cfg, tmp: Path, **extra: str) -> dict:
+    """The environment a worker or connector subprocess gets: only this test's FIRSTFAULT_* values."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
+    env.update(FIRSTFAULT_KAFKA_BOOTSTRAP=cfg.bootstrap, FIRSTFAULT_TOPIC_PREFIX=cfg.prefix,
+               FIRSTFAULT_PARTITIONS=str(cfg.partitions), FIRSTFAULT_GRACE_S=str(cfg.grace_s),
+               FIRSTFAULT_GRACE_CAP_S=str(cfg.grace_cap_s), FIRSTFAULT_APP_ID=cfg.app_id,
+               FIRSTFAULT_EXTRACTOR_GROUP=cfg.extractor_group, FIRSTFAULT_CHANGELOG_ONE_PER_BATCH="1",
+               TMPDIR=str(tmp), **extra)
+    return env
+
+
+def pipeline_cfg(bootstrap: str, tag: str):
+    from firstfault.streams.config import StreamConfig
+
+    return StreamConfig(bootstrap=bootstrap, prefix=f"{tag}.", partitions=2, grace_s=3600, grace_cap_s=30,
+                        app_id=f"{tag}-correlator", extractor_group=f"{tag}-extractor")
+
+
+@contextlib.contextmanager
+def running_pipeline(cfg, tmp_path: Path):
+    """An extractor and a correlator as subprocesses on ``cfg``'s topics, answering before this yields."""
+    from firstfault.connectors.shipper import ship
+    from firstfault.streams import kafka
+
+    kafka.ensure_topics(cfg)
+    procs = []
+    try:
+        for module in ("firstfault.streams.extractor", "firstfault.streams.correlator"):
+            log = open(tmp_path / f"{module.rsplit('.', 1)[1]}.log", "wb")
+            procs.append(subprocess.Popen([sys.executable, "-m", module], env=worker_env(cfg, tmp_path),
+                                          cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT))
+        # Production workers run long before a job ends; wait until both answer, with a
+        # warm-up workload, so the grace period measures the pipeline, not process start-up.
+        # (Its own host and day: node-scoped lines are shared by every workload on a node at a time.)
+        warm = tmp_path / "warmup"
+        (warm / "logs" / "app").mkdir(parents=True)
+        (warm / "workload.json").write_text(json.dumps({
+            "workload_id": "warmup", "state": "COMPLETED", "start_time": "2026-10-01T00:00:00Z",
+            "end_time": "2026-10-01T00:10:00Z", "nodes": ["warm-01"], "gpus_per_node": 1}))
+        (warm / "logs" / "app" / "warm-01.log").write_text("0: [2026-10-01 00:05:00,000] INFO step 1 loss 2.0\n")
+        ship(warm, cfg)
+        assert "warmup" in read_finals(cfg, lambda out: "warmup" in out, timeout=90), "the pipeline never answered"
+        yield cfg
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def read_finals(cfg, want, timeout: float = 120.0) -> dict:
+    """Read the diagnoses topic until ``want(finals)``: {(workload_id): [final diagnoses in order]}."""
+    from confluent_kafka import TopicPartition
+
+    from firstfault.schemas.avro import decode
+    from firstfault.streams import kafka
+
+    c = kafka.consumer(cfg, group=f"{cfg.prefix}reader-{time.monotonic_ns()}")
+    c.assign([TopicPartition(cfg.topic("diagnoses"), p, 0) for p in range(cfg.partitions)])
+    out: dict[str, list] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not want(out):
+            for m in c.consume(num_messages=100, timeout=0.5):
+                if m.error() is None:
+                    d = decode(m.value())
+                    if not d.provisional:
+                        out.setdefault(d.workload_id, []).append(d)
+    finally:
+        c.close()
+    return out
