@@ -334,12 +334,15 @@ def replay(lines: Iterable[str | bytes], tracker: PodTracker) -> list[SchedulerE
 
 
 def watch_events(core_api: Any, namespace: str | None, selector: str | None, tracker: PodTracker,
-                 stop: threading.Event, timeout_s: int = 60, reconnect: bool = True) -> Iterator[dict[str, Any]]:
+                 stop: threading.Event, timeout_s: int = 60, reconnect: bool = True,
+                 on_watch: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
     """The API server's pod watch events as JSON, resuming from the last resourceVersion.
 
     ``timeout_s`` bounds each watch request so settled ends are published between
     events; an expired resourceVersion (410 Gone) restarts from a fresh list (the
     tracker then sees ADDED for every pod, and published keys filter repeats).
+    ``on_watch`` is called after each watch request that ended normally (at least every
+    ``timeout_s`` with no events: the connector's heartbeat and last success).
     """
     from kubernetes import watch
     from kubernetes.client.exceptions import ApiException
@@ -366,6 +369,9 @@ def watch_events(core_api: Any, namespace: str | None, selector: str | None, tra
                 log.info("resourceVersion expired; listing again")
             else:
                 raise
+        else:
+            if on_watch is not None:
+                on_watch()
         if not reconnect:
             return
 
@@ -416,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    metrics = ConnectorMetrics("kubernetes")
+    metrics = ConnectorMetrics("kubernetes", stale_after_s=300.0)     # a watch request ends every 60 s
     if args.dry_run:
         publisher: Any = PrintPublisher()
     else:
@@ -444,12 +450,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     backlog: list[SchedulerEvent] = []
     while not stop.is_set():
         try:
-            run(watch_events(client.CoreV1Api(), args.namespace, args.selector, tracker, stop), tracker, publisher,
-                published, metrics, backlog)
+            run(watch_events(client.CoreV1Api(), args.namespace, args.selector, tracker, stop, on_watch=metrics.ok),
+                tracker, publisher, published, metrics, backlog)
         except KeyboardInterrupt:
             return 130
         except Exception as exc:         # API server or broker down: keep the tracker, try again
-            metrics.failed()
+            metrics.failed(str(exc))
             log.warning("kubernetes watch failed, retrying in 5 s: %s", exc)
             stop.wait(5.0)
     return 0

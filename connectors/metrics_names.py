@@ -5,13 +5,26 @@ these (``tests/test_ops.py`` checks), so a renamed metric breaks a test instead 
 silently emptying a panel. Names are the sample names as scraped: counters end in
 ``_total``; a histogram is declared once and queried as ``_bucket``/``_sum``/``_count``.
 
-Who exports what:
+Who exports what (``EXPORTED_BY`` below says the same for tests):
 
-* the REST service (``connectors/api/metrics.py``): ``HTTP_*``, ``API_DIAGNOSES``;
-* the stream workers (``streams/``): ``CONSUMER_LAG``, ``RECORDS_CONSUMED``,
+* the REST service (``connectors/api/metrics.py``): ``HTTP_*``, ``API_DIAGNOSES``, on
+  its own port (``/metrics`` beside its ``/healthz`` and ``/readyz``);
+* the extractor (``streams/extractor.py``): ``CONSUMER_LAG``, ``RECORDS_CONSUMED``,
+  ``DEADLETTER``, ``PUBLISH_ERRORS`` (producer delivery failures, ``sink="kafka"``);
+* the correlator (``streams/correlator.py``): ``CONSUMER_LAG``, ``RECORDS_CONSUMED``,
   ``DEADLETTER``, ``STREAM_DIAGNOSES``, ``FINALIZATION_LATENCY``, ``WORKLOADS_OPEN``,
-  ``PUBLISH_ERRORS``, each on ``FIRSTFAULT_METRICS_PORT`` (default ``METRICS_PORT``);
-* the connectors in this folder: the rest, on the same variable.
+  ``PUBLISH_ERRORS`` (``sink`` kafka or redis);
+* the scheduler connectors (``slurm.py``, ``kubernetes.py``): ``SCHEDULER_EVENTS``,
+  ``CONNECTOR_ERRORS``, ``CONNECTOR_LAST_SUCCESS``;
+* the alerting sink (``sinks/alerts.py``): ``ALERT_*``, ``ALERTS_*``;
+* the recovery sink (``sinks/recovery.py``): ``RECOVERY_DECISIONS``.
+
+Every stream worker and connector serves its metrics on ``FIRSTFAULT_METRICS_PORT``
+(default ``METRICS_PORT``, ``0``: off) together with the Kubernetes probes ``/healthz``
+(its loop is alive) and ``/readyz`` (it is connected and working):
+``firstfault.streams.health``. ``CONSUMER_LAG`` is the high watermark the consumer's
+last fetch reported minus its position (the extractor's next offset to read, the
+correlator's next offset to process), per assigned partition, refreshed every 5 s.
 """
 from __future__ import annotations
 
@@ -48,6 +61,17 @@ ALERTS_SKIPPED = "firstfault_alerts_skipped_total"                    # counter:
 
 # --- recovery sink
 RECOVERY_DECISIONS = "firstfault_recovery_decisions_total"            # counter: decision (acted|dry_run|refused|failed)
+
+EXPORTED_BY: dict[str, tuple[str, ...]] = {
+    "service": (HTTP_REQUESTS, HTTP_REQUEST_DURATION, API_DIAGNOSES),
+    "extractor": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, PUBLISH_ERRORS),
+    "correlator": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, STREAM_DIAGNOSES, FINALIZATION_LATENCY,
+                   WORKLOADS_OPEN, PUBLISH_ERRORS),
+    "slurm": (SCHEDULER_EVENTS, CONNECTOR_ERRORS, CONNECTOR_LAST_SUCCESS),
+    "kubernetes": (SCHEDULER_EVENTS, CONNECTOR_ERRORS, CONNECTOR_LAST_SUCCESS),
+    "alerts": (ALERT_QUEUE_DEPTH, ALERT_OLDEST_AGE, ALERTS_SENT, ALERT_ATTEMPT_FAILURES, ALERTS_DROPPED, ALERTS_SKIPPED),
+    "recovery": (RECOVERY_DECISIONS,),
+}
 
 HISTOGRAMS = frozenset({HTTP_REQUEST_DURATION, FINALIZATION_LATENCY})
 DECLARED = frozenset(v for k, v in dict(globals()).items()

@@ -16,12 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from firstfault.schemas import SchedulerEvent
 from firstfault.schemas.avro import encode
 from firstfault.streams import kafka
 from firstfault.streams.config import StreamConfig
+from firstfault.streams.health import Health
 
 from . import metrics_names as M
 
@@ -33,11 +34,19 @@ class PublishError(RuntimeError):
 
 
 class ConnectorMetrics:
-    """The scheduler connectors' own metrics, in a registry of their own (tests make many)."""
+    """The scheduler connectors' own metrics, in a registry of their own (tests make many), and their probes.
 
-    def __init__(self, connector: str, registry: CollectorRegistry | None = None) -> None:
+    ``health`` answers /healthz (alive while polls or watches keep coming back, failed or
+    not, within ``stale_after_s``) and /readyz (ready after a successful poll or watch,
+    not ready while the last one failed).
+    """
+
+    def __init__(self, connector: str, registry: CollectorRegistry | None = None,
+                 stale_after_s: float = 600.0) -> None:
         self.connector = connector
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.health = Health(self.registry, connector, stale_after_s=stale_after_s)
+        self.health.not_ready("no poll or watch has completed yet")
         self.events = Counter(M.base_name(M.SCHEDULER_EVENTS), "scheduler start/end events published",
                               ["scheduler", "type"], registry=self.registry)
         self.errors = Counter(M.base_name(M.CONNECTOR_ERRORS), "failed polls or watches",
@@ -47,14 +56,18 @@ class ConnectorMetrics:
 
     def ok(self) -> None:
         self.last_success.labels(self.connector).set(time.time())
+        self.health.beat()
+        self.health.ready()
 
-    def failed(self) -> None:
+    def failed(self, reason: str = "") -> None:
         self.errors.labels(self.connector).inc()
+        self.health.beat()                       # the loop is alive; what it talks to is not
+        self.health.not_ready(f"the last poll or watch failed: {reason}"[:300] if reason else
+                              "the last poll or watch failed")
 
     def serve(self, port: int) -> None:
-        """Expose /metrics on ``port`` (0: do not)."""
-        if port:
-            start_http_server(port, addr="0.0.0.0", registry=self.registry)
+        """Expose /metrics, /healthz and /readyz on ``port`` (0: do not)."""
+        self.health.serve(port)
 
 
 class SchedulerPublisher:

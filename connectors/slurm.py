@@ -517,7 +517,7 @@ class SlurmConnector:
                     log.info("published %d scheduler events", len(published))
             except Exception as exc:     # sacct down, broker down: keep the position, try again
                 if self.metrics is not None:
-                    self.metrics.failed()
+                    self.metrics.failed(str(exc))
                 log.warning("slurm poll failed, will retry: %s", exc)
             if stop is not None:
                 stop.wait(interval_s)
@@ -562,7 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra += ["--clusters", args.clusters]
     if args.partition:
         extra += ["--partition", args.partition]
-    metrics = ConnectorMetrics("slurm")
+    # /healthz: a poll runs up to three Slurm commands (120 s each) and a publish, every --interval.
+    metrics = ConnectorMetrics("slurm", stale_after_s=args.interval + 600.0)
     if args.dry_run:
         publisher: Any = PrintPublisher()
         state = Path(tempfile.mkdtemp(prefix="firstfault-slurm-")) / "state.json"

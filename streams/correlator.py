@@ -6,7 +6,8 @@ Run it::
 
 (no arguments means ``worker --without-web -l info``). Configuration is
 ``StreamConfig.from_env()``, plus three worker knobs: ``FIRSTFAULT_METRICS_PORT``
-serves Prometheus /metrics (off when unset); ``FIRSTFAULT_CHANGELOG_ONE_PER_BATCH=1``
+serves /metrics, /healthz and /readyz (:mod:`.health`; default 9464, best effort when
+unset, 0: off); ``FIRSTFAULT_CHANGELOG_ONE_PER_BATCH=1``
 sends one record per producer batch, the workaround for Tansu's off-by-a-few
 recovery high-water (stack.md §3); ``FIRSTFAULT_COMMIT_INTERVAL_S`` sets Faust's
 offset commit interval (default 2.8 s; redelivered input is deduplicated).
@@ -41,7 +42,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import faust
-from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
 
 from firstfault.connectors import metrics_names as M
 from firstfault.rules.catalog import Catalog, load_catalog
@@ -51,6 +52,7 @@ from firstfault.schemas.avro import encode
 
 from .codecs import decode_batch, decode_scheduler
 from .config import StreamConfig
+from .health import Health, LagSeries, port_from_env
 from .workload_state import (
     Now, Wake, WorkloadState, apply_scheduler, decide, expired, merge_batch, new_state, next_wake, settle,
     state_key,
@@ -60,6 +62,10 @@ log = logging.getLogger("firstfault.correlator")
 
 TABLE = "workloads"
 STATS_EVERY_S = 60.0
+HEALTH_EVERY_S = 2.0          # the health timer: heartbeat, readiness; lag every LAG_EVERY_S
+LAG_EVERY_S = 5.0
+STALE_AFTER_S = 60.0          # /healthz: the event loop did not run the health timer for this long
+STARTUP_S = 900.0             # Faust starts timers only once the table is recovered: allow for that
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int) -> Any:
@@ -86,10 +92,14 @@ class Metrics:
         self.open = Gauge(M.WORKLOADS_OPEN, "workload attempts held in correlator state", registry=r)
         self.publish_errors = PCounter(M.base_name(M.PUBLISH_ERRORS), "failed publications (retried)", ["sink"],
                                        registry=r)
-
-    def serve(self, port: int) -> None:
-        if port:
-            start_http_server(port, addr="0.0.0.0", registry=self.registry)
+        self.lag = Gauge(M.CONSUMER_LAG, "records between the last one processed and the high watermark",
+                         ["worker", "topic", "partition"], registry=r)
+        # Series with fixed labels exist from the start (0), so a query or an alert ratio has them.
+        for topic in ("events", "scheduler"):
+            self.consumed.labels("correlator", topic)
+        self.deadletter.labels("correlator")
+        for sink in ("kafka", "redis"):
+            self.publish_errors.labels(sink)
 
 
 class Correlator:
@@ -112,6 +122,11 @@ class Correlator:
         # state only when its value changed or it is due.
         self._wakes: dict[str, tuple[str, Wake | None, int | None]] = {}
         self._last_stats = 0.0
+        self.health = Health(self.metrics.registry, "correlator", stale_after_s=STALE_AFTER_S, startup_s=STARTUP_S)
+        self.health.not_ready("starting: joining the group and recovering the table")
+        self.lag = LagSeries(self.metrics.lag, "correlator", {cfg.topic(n): n for n in ("events", "scheduler")})
+        self._positions: dict[tuple[str, int], int] = {}     # (topic, partition) -> next offset to process
+        self._lag_due = 0.0
 
     # ------------------------------------------------------------ clocks and table
 
@@ -121,6 +136,7 @@ class Correlator:
 
     def _saw(self, message: Any, topic: str) -> None:
         self.metrics.consumed.labels("correlator", topic).inc()
+        self._positions[(message.topic, message.partition)] = message.offset + 1
         if message.timestamp and message.timestamp > 0:
             self.stream_ms = max(self.stream_ms, int(message.timestamp * 1000))
 
@@ -279,6 +295,58 @@ class Correlator:
         self.metrics.open.set(len(self.table.data))
         self._log_stats()
 
+    # ------------------------------------------------------------ health
+
+    async def health_tick(self) -> None:
+        """The health timer: the event loop is alive; ready unless rebalancing or recovering; lag."""
+        self.health.beat()
+        if getattr(self.app, "rebalancing", False):
+            self.health.not_ready("rebalancing")
+        elif getattr(self.app, "in_recovery", False):
+            self.health.not_ready("recovering the table from its changelog")
+        else:
+            self.health.ready()                  # timers run only once the app has started
+        loop_now = asyncio.get_running_loop().time()
+        if self.health.is_ready and loop_now >= self._lag_due:
+            self._lag_due = loop_now + LAG_EVERY_S
+            await self.refresh_lag()
+
+    async def refresh_lag(self) -> None:
+        """CONSUMER_LAG per assigned input partition: high watermark minus the next offset to process.
+
+        The high watermark is the one aiokafka's last fetch reported (``consumer.highwater``,
+        right on Tansu too, stack.md §1); the position is the offset after the last record
+        an agent handled, so records Faust fetched but the agents have not reached yet
+        count as lag. A partition no record was handled from since it was assigned
+        counts from the consumer's fetch position.
+        """
+        consumer = self.app.consumer
+        inputs = {self.events_topic.get_topic_name(), self.scheduler_topic.get_topic_name()}
+        try:
+            assigned = {(tp.topic, tp.partition): tp for tp in consumer.assignment() if tp.topic in inputs}
+        except Exception as exc:                 # consumer not started, or stopping
+            log.debug("consumer lag not refreshed: %s", exc)
+            return
+        for key in set(self._positions) - set(assigned):
+            del self._positions[key]
+        lags: dict[tuple[str, int], int] = {}
+        for key, tp in assigned.items():
+            try:
+                high = consumer.highwater(tp)
+            except Exception:
+                continue
+            if high is None or high < 0:
+                continue
+            pos = self._positions.get(key)
+            if pos is None:
+                try:
+                    pos = await asyncio.wait_for(consumer.position(tp), timeout=1.0)
+                except Exception:
+                    pos = None
+            if pos is not None and pos >= 0:
+                lags[key] = max(0, high - pos)
+        self.lag.show(lags)
+
     def _log_stats(self) -> None:
         loop_now = asyncio.get_running_loop().time()
         if loop_now - self._last_stats >= STATS_EVERY_S:
@@ -341,6 +409,14 @@ def make_app(cfg: StreamConfig, store: Any | None = None, tick_s: float = 1.0) -
         except Exception:                                     # the timer must keep ticking
             log.exception("correlator timer failed")
 
+    # Its own timer: a long tick (many states due at once) must not look like a stuck loop.
+    @app.timer(interval=HEALTH_EVERY_S, name="correlate-health")
+    async def correlate_health() -> None:
+        try:
+            await core.health_tick()
+        except Exception:
+            log.exception("correlator health timer failed")
+
     return app
 
 
@@ -360,8 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter")])
     app = make_app(cfg)
-    # /metrics only when asked for: `firstfault up` runs several workers on one host.
-    app.correlator.metrics.serve(int(os.environ.get("FIRSTFAULT_METRICS_PORT") or 0))
+    # /metrics, /healthz, /readyz. Unset, the default port is best effort: tests and `firstfault up`
+    # run several workers on one host (up gives each its own port or 0).
+    port, explicit = port_from_env()
+    app.correlator.health.serve(port, required=explicit)
     sys.argv = ["firstfault-correlator", *args]
     app.main()                                        # Faust's CLI; exits the process
     return 0

@@ -11,6 +11,11 @@ Events are merged per workload within the batch and produced as one ``EventBatch
 per workload; offsets are committed after the batch is delivered (at least once).
 
     python -m firstfault.streams.extractor        # configured by FIRSTFAULT_* variables
+
+``FIRSTFAULT_METRICS_PORT`` (default 9464, 0: off) serves ``/metrics``, ``/healthz`` and
+``/readyz`` (:mod:`.health`): records consumed and dead-lettered, consumer lag per
+assigned partition, producer delivery errors; alive while the loop turns, ready once
+the consumer group assigned this worker its partitions (none is fine: an idle spare).
 """
 from __future__ import annotations
 
@@ -25,8 +30,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from firstfault.connectors import metrics_names as M
 from firstfault.rules.catalog import Catalog, load_catalog
 from firstfault.rules.diagnose import EVIDENCE_HORIZON_S
 from firstfault.rules.errors import RecordError
@@ -39,10 +46,13 @@ from firstfault.schemas.avro import encode
 from . import kafka
 from .codecs import decode_raw, decode_scheduler
 from .config import StreamConfig
+from .health import Health, LagSeries, port_from_env
 from .timeline import Allocation, AllocationTimeline
 
 log = logging.getLogger("firstfault.extractor")
 NODE_SCOPED = ("syslog", "fabricmanager")
+LAG_EVERY_S = 5.0             # consumer lag is recomputed at most this often
+STALE_AFTER_S = 120.0         # /healthz: a loop turn may take a 30 s flush and a commit; this is stuck
 
 
 @dataclass
@@ -320,15 +330,54 @@ def _placeholder():
     return WorkloadRecord.model_validate({"workload_id": "-", "state": "RUNNING", "start_time": "2000-01-01T00:00:00Z"})
 
 
-class ExtractorWorker:
-    """The Kafka side: batch consume, extract, produce, commit. One process, one loop."""
+class Metrics:
+    """The extractor's Prometheus metrics (names from connectors/metrics_names.py), in its own registry.
 
-    def __init__(self, cfg: StreamConfig, catalog: Catalog | None = None) -> None:
+    Nothing here is touched per line: the loop counts once per batch (``ExtractorWorker.after_step``).
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.consumed = Counter(M.base_name(M.RECORDS_CONSUMED), "input records", ["worker", "topic"], registry=r)
+        self.deadletter = Counter(M.base_name(M.DEADLETTER), "records refused", ["stage"], registry=r)
+        self.lag = Gauge(M.CONSUMER_LAG, "records between the consumer's position and the high watermark",
+                         ["worker", "topic", "partition"], registry=r)
+        self.publish_errors = Counter(M.base_name(M.PUBLISH_ERRORS), "records the broker did not take", ["sink"],
+                                      registry=r)
+        # The children the loop touches, made once (they also show 0 before anything happened).
+        self.raw_consumed = self.consumed.labels("extractor", "raw")
+        self.dead = self.deadletter.labels("extractor")
+        self.kafka_errors = self.publish_errors.labels("kafka")
+
+
+class ExtractorWorker:
+    """The Kafka side: batch consume, extract, produce, commit. One process, one loop.
+
+    ``metrics_port``: serve /metrics, /healthz and /readyz there (0: do not);
+    ``metrics_required``: a port that cannot be bound is an error (else a warning).
+    """
+
+    def __init__(self, cfg: StreamConfig, catalog: Catalog | None = None, metrics_port: int = 0,
+                 metrics_required: bool = True) -> None:
         self.cfg = cfg
+        self.metrics = Metrics()
+        self.health = Health(self.metrics.registry, "extractor", stale_after_s=STALE_AFTER_S)
+        self.health.not_ready("connecting: waiting for the consumer group to assign partitions")
+        self.health.serve(metrics_port, required=metrics_required)     # answers "starting" while we connect
+        self.lag = LagSeries(self.metrics.lag, "extractor", {t: n for n, t in cfg.topics.items()})
+        self._counted = 0                  # records + dead letters already added to RECORDS_CONSUMED
+        self._lag_due = 0.0
+        self._joined = False               # the group assigned this member its partitions (maybe none)
+        self._brokers_down = False
+        self._delivery_log_due = 0.0
+        self._failed_deliveries = 0        # producer records the broker refused, ever
         self.core = ExtractorCore(cfg, catalog)
-        self.producer = kafka.producer(cfg)
-        self.consumer = kafka.consumer(cfg, group=cfg.extractor_group)
-        self.consumer.subscribe([cfg.topic("raw")])
+        # Delivery reports only for failures: nothing per delivered record.
+        self.producer = kafka.producer(cfg, on_delivery=self._delivered, **{"delivery.report.only.error": True})
+        self.consumer = kafka.consumer(cfg, group=cfg.extractor_group, error_cb=self._kafka_error)
+        self.consumer.subscribe([cfg.topic("raw")], on_assign=self._assigned, on_revoke=self._revoked,
+                                on_lost=self._revoked)
         # The whole scheduler topic, every partition, from the beginning: no group.
         self.sched = kafka.consumer(cfg, group=f"{cfg.extractor_group}-timeline-{uuid.uuid4().hex[:8]}")
         meta = self.sched.list_topics(cfg.topic("scheduler"), timeout=10).topics.get(cfg.topic("scheduler"))
@@ -350,6 +399,7 @@ class ExtractorWorker:
                         timestamp_ms=msg.timestamp()[1] if msg.timestamp() else None)
         self.producer.produce(self.cfg.topic("deadletter"), key=msg.key(), value=dl.model_dump_json().encode())
         self.core.counters.deadletters += 1
+        self.metrics.dead.inc()
 
     def poll_timeline(self) -> int:
         n = 0
@@ -385,6 +435,7 @@ class ExtractorWorker:
             self.core.counters.batches_out += 1
 
     def step(self, timeout: float = 0.5) -> int:
+        failed_before = self._failed_deliveries
         if self.poll_timeline():
             batches, expired = self.core.retry_held()
             self.publish(batches)
@@ -397,7 +448,7 @@ class ExtractorWorker:
                 continue
             self.offsets.note_message(m)
             try:
-                records.append((decode_raw(m.value(), m.key(), m.headers()), m.timestamp()[1]))
+                records.append((decode_raw(m.value(), m.key(), m.headers(), m.offset()), m.timestamp()[1]))
             except RecordError as exc:
                 self.dead_letter(m, str(exc))
             except Exception as exc:  # a record must never stop the worker
@@ -410,8 +461,12 @@ class ExtractorWorker:
             self.keep_for_node_history(expired)
         if msgs:
             # At least once: everything produced for this batch is delivered before its offsets commit.
-            self.producer.flush(30)
-            self.consumer.commit(asynchronous=False)
+            left = self.producer.flush(30)
+            if left or self._failed_deliveries != failed_before:
+                self.rewind(msgs)
+            else:
+                self.consumer.commit(asynchronous=False)
+        self.after_step()
         return len(msgs)
 
     def run(self) -> None:
@@ -426,6 +481,89 @@ class ExtractorWorker:
         self.producer.flush(10)
         self.consumer.close()
         self.sched.close()
+        self.health.close()
+
+    # ------------------------------------------------------------ metrics and probes
+
+    def after_step(self) -> None:
+        """Once per loop turn, O(1) unless the lag is due: heartbeat, records counted, lag."""
+        self.health.beat()
+        c = self.core.counters
+        seen = c.records + c.deadletters         # every raw record is handled or dead-lettered
+        if seen != self._counted:
+            self.metrics.raw_consumed.inc(seen - self._counted)
+            self._counted = seen
+        now = time.monotonic()
+        if now >= self._lag_due:
+            self._lag_due = now + LAG_EVERY_S
+            self.refresh_lag()
+
+    def refresh_lag(self) -> None:
+        """CONSUMER_LAG for the raw partitions this member owns and the scheduler partitions it reads."""
+        if self._brokers_down:
+            try:
+                self.consumer.list_topics(self.cfg.topic("raw"), timeout=1.0)
+                self._brokers_down = False
+                self._readiness()
+            except KafkaException:
+                return
+        try:
+            lags = kafka.consumer_lag(self.consumer)
+            lags.update(kafka.consumer_lag(self.sched, start=0))      # the timeline reads from offset 0
+        except KafkaException as exc:
+            log.debug("consumer lag not refreshed: %s", exc)
+            return
+        self.lag.show(lags)
+
+    def _readiness(self) -> None:
+        if self._brokers_down:
+            self.health.not_ready("all brokers are down")
+        elif not self._joined:
+            self.health.not_ready("rebalancing: waiting for the consumer group to assign partitions")
+        else:
+            self.health.ready()
+
+    def _assigned(self, _consumer, partitions) -> None:
+        self._joined = True
+        self._lag_due = 0.0                      # show the new partitions' lag at the next turn
+        self._readiness()
+        log.info("assigned %d partition(s) of %s", len(partitions), self.cfg.topic("raw"))
+
+    def _revoked(self, _consumer, _partitions) -> None:
+        self._joined = False
+        self._readiness()
+
+    def _kafka_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._brokers_down = True
+            self._readiness()
+            log.warning("consumer: %s", err.str())
+
+    def rewind(self, msgs) -> None:
+        """Some output of this batch did not reach the broker: read the batch again instead of
+        committing past it (the correlator merges the events it then sees twice)."""
+        first: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            if m.error() is None:
+                key = (m.topic(), m.partition())
+                first[key] = min(first.get(key, m.offset()), m.offset())
+        for (topic, part), off in first.items():
+            try:
+                self.consumer.seek(TopicPartition(topic, part, off))
+            except KafkaException as exc:          # revoked meanwhile: its new owner reads from the commit
+                log.warning("rewind of %s[%d] failed: %s", topic, part, exc)
+        log.warning("not every record of the batch was delivered; reading %d record(s) again", len(msgs))
+
+    def _delivered(self, err, msg) -> None:
+        """The producer's delivery report; with delivery.report.only.error, only failures come here."""
+        if err is None:
+            return
+        self._failed_deliveries += 1
+        self.metrics.kafka_errors.inc()
+        now = time.monotonic()
+        if now >= self._delivery_log_due:        # at most one line per 10 s, however many fail
+            self._delivery_log_due = now + 10.0
+            log.warning("delivery to %s failed: %s", msg.topic() if msg is not None else "?", err)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         print("extractor: FIRSTFAULT_KAFKA_BOOTSTRAP is not set", file=sys.stderr)
         return 2
     kafka.ensure_topics(cfg)
-    ExtractorWorker(cfg).run()
+    port, explicit = port_from_env()
+    ExtractorWorker(cfg, metrics_port=port, metrics_required=explicit).run()
     return 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .config import StreamConfig
@@ -54,3 +54,48 @@ def ensure_topics(cfg: StreamConfig, names: list[str] | None = None, timeout: fl
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
     return created
+
+
+def consumer_lag(consumer: Consumer, start: int | None = None, timeout: float = 2.0) -> dict[tuple[str, int], int]:
+    """Records behind, per assigned (topic, partition): the high watermark minus the consumer's position.
+
+    The high watermark is the one the last fetch reported (``cached=True``): no broker
+    round trip, and right on Tansu, whose ListOffsets answer is not (stack.md §1). A
+    partition nothing was read from since its assignment counts from ``start`` (a
+    consumer that ``assign()``ed from a fixed offset) or else from its committed offset
+    (one request, only for those partitions); one whose watermark no fetch reported yet,
+    or with neither, is left out rather than guessed.
+    """
+    parts = consumer.assignment()
+    if not parts:
+        return {}
+    out: dict[tuple[str, int], int] = {}
+    unread: list[tuple[TopicPartition, int]] = []
+    for tp in consumer.position(parts):
+        try:
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+        except KafkaException:
+            continue
+        if high is None or high < 0:
+            continue
+        if tp.offset >= 0:
+            out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+        else:
+            unread.append((tp, high))
+    if unread:
+        if start is not None:
+            known = {(tp.topic, tp.partition): start for tp, _ in unread}
+        else:
+            try:
+                committed = consumer.committed([TopicPartition(tp.topic, tp.partition) for tp, _ in unread],
+                                               timeout=timeout)
+            except KafkaException:
+                committed = []
+            known = {(c.topic, c.partition): c.offset for c in committed if c.offset >= 0}
+        for tp, high in unread:
+            pos = known.get((tp.topic, tp.partition))
+            if pos is not None:
+                out[(tp.topic, tp.partition)] = max(0, high - pos)
+            elif high == 0:                      # an empty partition: nothing to be behind on
+                out[(tp.topic, tp.partition)] = 0
+    return out

@@ -298,7 +298,9 @@ def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worke
                      "diagnoses topic (gone with the embedded broker), `firstfault serve` would use its own "
                      "in-process store and not see them, and replay scans topics from the start")
     for w in workers:
-        lines.append(f"  worker  {w.name:<14} pid {w.pid}")
+        port = w.env.get("FIRSTFAULT_METRICS_PORT", "0")
+        lines.append(f"  worker  {w.name:<14} pid {w.pid}" + (f", /metrics /healthz /readyz on :{port}"
+                                                              if port not in ("", "0") else ""))
     lines.append(f"  logs    workers on stderr; run directory {rundir}")
     lines.append("  try:")
     lines += [f"    {c}" for c in _try_commands(cfg, embedded)]
@@ -312,6 +314,11 @@ def make_workers(cfg: StreamConfig, extractors: int, rundir: str) -> list[Worker
     ws = [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir, cfg.extractor_group)
           for i in range(extractors)]
     ws.append(Worker("correlator", [py, "-m", "firstfault.streams.correlator"], env, rundir, cfg.app_id))
+    # Several workers on one host cannot share a metrics port: FIRSTFAULT_METRICS_PORT=P gives
+    # them P, P+1, ... in this order (/metrics, /healthz, /readyz); unset or 0, none serves.
+    base = int(env.get("FIRSTFAULT_METRICS_PORT", "").strip() or 0)
+    for i, w in enumerate(ws):
+        w.env = {**env, "FIRSTFAULT_METRICS_PORT": str(base + i if base else 0)}
     return ws
 
 

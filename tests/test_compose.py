@@ -11,6 +11,9 @@ from firstfault.streams.config import StreamConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRSTFAULT_SERVICES = ("extractor-1", "extractor-2", "correlator-1", "correlator-2", "service")
+# profile `connectors`: module each runs
+CONNECTOR_SERVICES = {"slurm-connector": "firstfault.connectors.slurm", "alerts": "firstfault.connectors.sinks.alerts",
+                      "recovery": "firstfault.connectors.sinks.recovery"}
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,7 @@ def _cmd(svc: dict) -> list[str]:
 
 
 def test_every_service_is_there(compose):
-    assert set(compose["services"]) == {"kafka", "redis", *FIRSTFAULT_SERVICES}
+    assert set(compose["services"]) == {"kafka", "redis", *FIRSTFAULT_SERVICES, *CONNECTOR_SERVICES}
 
 
 def test_two_of_each_worker_running_the_worker_modules(compose):
@@ -113,3 +116,68 @@ def test_kafka_is_single_node_kraft(compose):
     for k in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"):
         assert int(env[k]) == 1
     assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) >= 10 * 1024 * 1024
+
+
+def _healthz_port(svc: dict) -> int:
+    """The port a service's healthcheck asks /healthz on (it must ask /healthz)."""
+    test = " ".join(svc["healthcheck"]["test"])
+    m = re.search(r"http://127\.0\.0\.1:(\d+)/healthz", test)
+    assert m, test
+    return int(m.group(1))
+
+
+def test_workers_and_connectors_are_checked_on_their_metrics_port(compose):
+    from firstfault.streams.health import LIVE_PATH
+
+    assert LIVE_PATH == "/healthz"
+    svcs = compose["services"]
+    for name in ("extractor-1", "extractor-2", "correlator-1", "correlator-2", *CONNECTOR_SERVICES):
+        env = svcs[name]["environment"]
+        assert _healthz_port(svcs[name]) == int(env["FIRSTFAULT_METRICS_PORT"]), name
+
+
+def test_connectors_profile(compose):
+    import importlib
+
+    svcs = compose["services"]
+    for name, module in CONNECTOR_SERVICES.items():
+        svc = svcs[name]
+        assert svc["profiles"] == ["connectors"], name
+        assert _cmd(svc)[:3] == ["python", "-m", module] and callable(importlib.import_module(module).main), name
+        env = svc["environment"]
+        assert isinstance(env, dict) and all(k.startswith("FIRSTFAULT_") for k in env), name
+        assert not {"env_file", "entrypoint"} & set(svc), name
+        assert env["FIRSTFAULT_KAFKA_BOOTSTRAP"] == "kafka:9092"
+        assert env["FIRSTFAULT_TOPIC_PREFIX"] == svcs["extractor-1"]["environment"]["FIRSTFAULT_TOPIC_PREFIX"]
+        assert svc["depends_on"]["kafka"]["condition"] == "service_healthy", name
+        assert not any(re.search(r"TOKEN|PASSWORD|ROUTING_KEY|SLACK_URL|SECRET", k) for k in env), name
+        StreamConfig.from_env({k: str(v) for k, v in env.items()})
+    for name in ("alerts", "recovery"):
+        assert svcs[name]["build"] == {"context": ".", "dockerfile": "ops/Dockerfile"}, name
+    # The Kubernetes connector is for a cluster only; every service of the default profile stays as it was.
+    assert not any("firstfault.connectors.kubernetes" in _cmd(s) for s in svcs.values())
+    assert not any("profiles" in svcs[n] for n in ("kafka", "redis", *FIRSTFAULT_SERVICES))
+
+
+def test_recovery_is_a_dry_run_with_a_kept_audit_log(compose):
+    svc = compose["services"]["recovery"]
+    env = svc["environment"]
+    assert "--follow" in _cmd(svc) and "--execute" not in _cmd(svc)
+    assert env.get("FIRSTFAULT_RECOVERY_EXECUTE", "0") != "1"
+    assert int(env["FIRSTFAULT_RECOVERY_FLEET_SIZE"]) > 0                 # else every decision is refused
+    volume = next(v for v in svc["volumes"] if v.split(":")[0] in compose["volumes"])
+    assert env["FIRSTFAULT_RECOVERY_AUDIT_LOG"].startswith(volume.split(":")[1] + "/")
+    slurm = compose["services"]["slurm-connector"]
+    state_volume = next(v for v in slurm["volumes"] if v.split(":")[0] in compose["volumes"])
+    assert slurm["environment"]["FIRSTFAULT_SLURM_STATE"].startswith(state_volume.split(":")[1] + "/")
+
+
+def test_alerts_config_is_mounted_valid_and_its_url_is_set(compose):
+    from firstfault.connectors.sinks.alerts import AlertConfig
+
+    svc = compose["services"]["alerts"]
+    env = svc["environment"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in svc["volumes"]}
+    cfg = AlertConfig.model_validate(yaml.safe_load((ROOT / mounts[env["FIRSTFAULT_ALERTS_CONFIG"]]).read_text()))
+    for hook in cfg.webhooks:
+        assert hook.url or hook.url_env in env, hook.name

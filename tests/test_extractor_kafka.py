@@ -122,3 +122,42 @@ def test_line_on_a_node_with_no_workload_is_kept_for_node_history(stream_cfg):
     ev = decode(kept[0].value())
     assert kept[0].key() == b"node-77"
     assert (ev.kind, ev.host, ev.ref.line, ev.fields["xid"]) == ("xid", "node-77", 5, 79)
+
+
+def test_a_batch_whose_output_was_not_delivered_is_read_again_not_committed(stream_cfg):
+    """A delivery report with an error (here: the report the producer's callback gets when the
+    broker refuses a record) means the batch's events may be lost: its offsets stay uncommitted
+    and the worker reads it again."""
+    from confluent_kafka import KafkaError
+
+    cfg = stream_cfg
+    kafka.ensure_topics(cfg)
+    prod = kafka.producer(cfg)
+    for n in range(1, 4):
+        prod.produce(cfg.topic("raw"), key=b"node-02", value=encode(RawLine(
+            host="node-02", path="logs/syslog/node-02.log", line=n, text=f"Nov  2 10:0{n}:00 node-02 kernel: hello")))
+    prod.flush(10)
+    w = ExtractorWorker(cfg)
+    real_publish, failed = w.publish, []
+
+    def publish_then_refused(batches):
+        real_publish(batches)
+        if not failed:
+            failed.append(1)
+            w._delivered(KafkaError(KafkaError._MSG_TIMED_OUT), None)
+
+    w.publish = publish_then_refused
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and w.core.counters.records < 6:
+            before = w.core.counters.records
+            w.step(timeout=0.5)
+            if w.core.counters.records > before:
+                seen.append(w.core.counters.records - before)
+        committed = w.consumer.committed([TopicPartition(cfg.topic("raw"), p) for p in range(cfg.partitions)], 10)
+    finally:
+        w.close()
+    assert failed and seen[:2] == [3, 3], seen            # read twice: refused once, then delivered
+    assert sum(tp.offset for tp in committed if tp.offset >= 0) == 3
+    assert w.metrics.kafka_errors._value.get() == 1

@@ -169,6 +169,45 @@ def test_service_probes_and_token_files():
     assert not unknown, f"the service does not read {unknown}"
 
 
+def _service_routes() -> set[str]:
+    from firstfault.connectors.api.app import create_app
+    from firstfault.connectors.api.settings import ServiceSettings
+
+    return set(create_app(ServiceSettings()).openapi()["paths"])      # (FastAPI nests included routers)
+
+
+def test_every_deployment_has_probes_on_paths_that_exist():
+    from firstfault.streams.health import LIVE_PATH, READY_PATH
+
+    routes = _service_routes()
+    assert {"/healthz", "/readyz", "/metrics"} <= routes
+    deps = workloads()
+    assert {"firstfault-extractor", "firstfault-correlator", "firstfault-k8s-connector", "firstfault-slurm-connector",
+            "firstfault-alerts", "firstfault-recovery", "firstfault-service"} <= set(deps)
+    for name, dep in deps.items():
+        for c in containers(dep):
+            ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+            for kind, wanted in (("livenessProbe", LIVE_PATH), ("readinessProbe", READY_PATH)):
+                probe = c.get(kind)
+                assert probe and "httpGet" in probe, f"{name}/{c['name']}: no {kind}"
+                get = probe["httpGet"]
+                port = get["port"]
+                assert port in ports or port in ports.values(), f"{name}: {kind} on an undeclared port {port}"
+                number = ports.get(port, port)
+                assert get["path"] == wanted, (name, kind, get["path"])
+                if c["command"][:2] == ["firstfault", "serve"]:
+                    assert get["path"] in routes, (name, kind)              # the service's own routes
+                else:
+                    # workers and connectors: streams/health.py on FIRSTFAULT_METRICS_PORT, scraped there too
+                    metrics_port = dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
+                    assert number == int(metrics_port) == M.METRICS_PORT, (name, kind)
+
+
+def test_each_declared_metric_has_an_exporter():
+    exported = set().union(*M.EXPORTED_BY.values())
+    assert exported == M.DECLARED, exported ^ M.DECLARED
+
+
 def test_every_container_requests_resources_and_documents_why():
     for name, dep in workloads().items():
         for c in containers(dep):
@@ -189,7 +228,14 @@ def test_registered_metrics_are_declared(tmp_path):
     cm.events.labels("slurm", "start").inc()
     rs = RecoverySink(RecoveryConfig(audit_log=tmp_path / "a.jsonl"))
     rs.decisions.labels("refused").inc()
-    for registry in (cm.registry, rs.registry):
+    from firstfault.streams.correlator import Metrics as CorrelatorMetrics
+    from firstfault.streams.extractor import Metrics as ExtractorMetrics
+    em, com = ExtractorMetrics(), CorrelatorMetrics()
+    em.lag.labels("extractor", "raw", "0").set(3)
+    com.lag.labels("correlator", "events", "0").set(3)
+    com.latency.observe(1.0)
+    com.diagnoses.labels("attributed", "final").inc()
+    for registry in (cm.registry, rs.registry, em.registry, com.registry):
         names = {s.name for fam in registry.collect() for s in fam.samples if not s.name.endswith("_created")}
         assert names and all(M.is_declared(n) for n in names), names
 

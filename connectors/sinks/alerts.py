@@ -451,8 +451,12 @@ class WorkloadBook:
 
 
 def run(cfg_stream: Any, sink: AlertSink, group: str, stop: threading.Event,
-        on_idle: Callable[[], None] | None = None, poll_s: float = 0.5) -> None:
-    """Read diagnoses (and, for enrichment, the whole scheduler topic) until ``stop`` is set."""
+        on_idle: Callable[[], None] | None = None, poll_s: float = 0.5, health: Any | None = None) -> None:
+    """Read diagnoses (and, for enrichment, the whole scheduler topic) until ``stop`` is set.
+
+    ``health`` (a :class:`firstfault.streams.health.Health`): beaten every loop turn, ready
+    once the consumer group assigned this sink its diagnoses partitions.
+    """
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     from firstfault.schemas import SchedulerEvent
@@ -461,7 +465,12 @@ def run(cfg_stream: Any, sink: AlertSink, group: str, stop: threading.Event,
 
     diag_topic, sched_topic = cfg_stream.topic("diagnoses"), cfg_stream.topic("scheduler")
     consumer = kafka.consumer(cfg_stream, group)
-    consumer.subscribe([diag_topic])
+    if health is not None:
+        health.not_ready("waiting for the consumer group to assign the diagnoses partitions")
+        consumer.subscribe([diag_topic], on_assign=lambda _c, _p: health.ready(),
+                           on_revoke=lambda _c, _p: health.not_ready("rebalancing"))
+    else:
+        consumer.subscribe([diag_topic])
     sched = kafka.consumer(cfg_stream, f"{group}-scheduler-{os.getpid()}")
     meta = sched.list_topics(sched_topic, timeout=10).topics.get(sched_topic)
     parts = sorted(meta.partitions) if meta and meta.partitions else []
@@ -471,6 +480,8 @@ def run(cfg_stream: Any, sink: AlertSink, group: str, stop: threading.Event,
     committed: dict[int, int] = {}
     try:
         while not stop.is_set():
+            if health is not None:
+                health.beat()
             for msg in sched.consume(num_messages=500, timeout=0.05) or []:
                 if msg.error() is None and msg.value():
                     try:
@@ -506,9 +517,8 @@ def run(cfg_stream: Any, sink: AlertSink, group: str, stop: threading.Event,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from prometheus_client import start_http_server
-
     from firstfault.streams.config import StreamConfig
+    from firstfault.streams.health import Health
 
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m firstfault.connectors.sinks.alerts", description=__doc__.split("\n")[0])
@@ -533,17 +543,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"firstfault alerts: {exc}", file=sys.stderr)
         return 2
-    if args.metrics_port:
-        start_http_server(args.metrics_port, registry=sink.metrics.registry)
+    health = Health(sink.metrics.registry, "alerts", stale_after_s=120.0)
+    health.serve(args.metrics_port)              # /metrics, /healthz, /readyz
     stop = threading.Event()
     try:
-        run(cfg_stream, sink, args.group, stop)
+        run(cfg_stream, sink, args.group, stop, health=health)
     except KeyboardInterrupt:
         pass
     finally:
         stop.set()
         sink.drain(10)
         sink.close()
+        health.close()
     return 0
 
 
