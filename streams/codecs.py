@@ -16,9 +16,10 @@ order, since a file's lines share a key and so a partition.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
-from pathlib import PurePosixPath
 from datetime import datetime, timezone
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -35,10 +36,12 @@ _LINE_KEYS = ("line", "lineno", "offset_line", "line_number")
 
 
 _SOURCES = ("app", "syslog", "fabricmanager")
-# Where distributions and NVIDIA's packages write node-scoped logs (basename -> source).
+# Where distributions and NVIDIA's packages write node-scoped logs (basename -> source),
+# also once rotated: syslog.1, messages-20261102, kern.log.2.gz.
 _NODE_FILES = {"syslog": "syslog", "messages": "syslog", "kern.log": "syslog", "kern": "syslog",
                "dmesg": "syslog", "daemon.log": "syslog", "journal": "syslog",
                "fabricmanager.log": "fabricmanager", "nv-fabricmanager.log": "fabricmanager"}
+_ROTATED = re.compile(r"(?:\.\d+|-\d{8})?(?:\.gz)?$")
 
 
 def bundle_path(host: str | None, path: str | None, source: str | None = None) -> tuple[str, str]:
@@ -55,8 +58,8 @@ def bundle_path(host: str | None, path: str | None, source: str | None = None) -
         return path, source or source_of(path)
     name = PurePosixPath(path).name if path else ""
     if source is None:
-        source = _NODE_FILES.get(name) or ("syslog" if path and "/journal/" in path else
-                                           "syslog" if not path else "app")
+        source = _NODE_FILES.get(_ROTATED.sub("", name, count=1)) or (
+            "syslog" if path and "/journal/" in path else "syslog" if not path else "app")
     if source != "app":
         if not host:
             raise RecordError(f"a {source} line with no host")

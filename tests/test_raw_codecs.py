@@ -65,6 +65,9 @@ def test_a_shippers_own_line_number_wins_over_the_offset():
 @pytest.mark.parametrize("host,path,source,want", [
     ("node-02", "logs/syslog/node-02.log", None, ("logs/syslog/node-02.log", "syslog")),
     ("node-02", "/var/log/messages", None, ("logs/syslog/node-02.log", "syslog")),
+    ("node-02", "/var/log/syslog.1", None, ("logs/syslog/node-02.log", "syslog")),
+    ("node-02", "/var/log/messages-20261102", None, ("logs/syslog/node-02.log", "syslog")),
+    ("node-02", "/var/log/kern.log.2.gz", None, ("logs/syslog/node-02.log", "syslog")),
     ("node-02", "/var/log/journal/abc/system.journal", None, ("logs/syslog/node-02.log", "syslog")),
     ("node-02", "/var/log/nv-fabricmanager.log", None, ("logs/fabricmanager/node-02.log", "fabricmanager")),
     ("node-02", "/home/u/run/node-02.log", None, ("logs/app/node-02.log", "app")),
