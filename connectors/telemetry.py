@@ -9,7 +9,10 @@ of the threshold table over the workload's nodes and time window (from
 ``pre_s`` before the start to ``post_s`` after the end), and writes the bundle's
 ``metrics/dcgm.jsonl`` lines (``{"ts", "host", "gpu", "name", "value"}``, contract
 section 1): for every series its first and last sample in the window and, when it
-crossed its threshold, the first sample that did. Every host with data thus shows
+crossed its threshold, the first sample that did (for a counter also the samples on
+both sides of each reset before it, so the engine, which reads the file with the same
+:mod:`firstfault.rules.telemetry` crossing logic, finds the same crossing in it and
+turns it into a ``dcgm_threshold`` event). Every host with data thus shows
 in the bundle (so the engine does not report a metrics gap for it), and the
 change is there to read. Threshold events (metric, host, gpu, first crossing,
 value) are printed as JSON.
@@ -20,7 +23,8 @@ Threshold kinds:
   (resets are summed across, like PromQL ``increase``);
 * ``above``: a gauge reached ``value`` (temperatures, the row-remap-failure flag);
 * ``changed``: a "last value" gauge (``DCGM_FI_DEV_XID_ERRORS`` holds the last Xid)
-  took a new non-zero value inside the window; the value is then the Xid.
+  took a non-zero value other than its first one in the window (or the series was born
+  inside the window with a non-zero value); the value is then the Xid.
 """
 from __future__ import annotations
 
@@ -36,47 +40,17 @@ import urllib.request
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field
 
 from firstfault.schemas import WorkloadRecord
 
-# DCGM field names as dcgm-exporter exports them (NVIDIA/dcgm-exporter etc/default-counters.csv
-# and etc/dcp-metrics-included.csv; signatures.md section 3.17).
-DEFAULT_THRESHOLDS_YAML = """
-- {metric: DCGM_FI_DEV_XID_ERRORS, kind: changed, value: 0, why: "a new Xid on this GPU"}
-- {metric: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, kind: increase, value: 0, why: "uncorrectable (double-bit) ECC error"}
-- {metric: DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS, kind: increase, value: 0, why: "row remapped for an uncorrectable error"}
-- {metric: DCGM_FI_DEV_ROW_REMAP_FAILURE, kind: above, value: 1, why: "row remapping failed: the GPU needs service"}
-- {metric: DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, kind: increase, value: 100, why: "NVLink flit CRC errors"}
-- {metric: DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, kind: increase, value: 100, why: "NVLink data CRC errors"}
-- {metric: DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, kind: increase, value: 100, why: "NVLink replays"}
-- {metric: DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, kind: increase, value: 0, why: "NVLink link recovery"}
-- {metric: DCGM_FI_DEV_PCIE_REPLAY_COUNTER, kind: increase, value: 100, why: "PCIe replays"}
-- {metric: DCGM_FI_DEV_GPU_TEMP, kind: above, value: 90, why: "GPU temperature (C)"}
-- {metric: DCGM_FI_DEV_MEMORY_TEMP, kind: above, value: 95, why: "HBM temperature (C)"}
-"""
+from firstfault.rules.telemetry import (  # noqa: F401  (re-exported: the connector's public names)
+    DEFAULT_THRESHOLDS_YAML, THRESHOLDS_ADAPTER, Threshold, first_crossing, kept_indices, load_thresholds,
+)
 
 MAX_POINTS = 11_000          # Prometheus refuses more points per series in one range query
-
-
-class Threshold(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    metric: str = Field(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-    kind: Literal["increase", "above", "changed"]
-    value: float
-    why: str = ""
-
-
-THRESHOLDS_ADAPTER = TypeAdapter(list[Threshold])
-
-
-def load_thresholds(path: str | Path | None = None) -> list[Threshold]:
-    text = Path(path).read_text() if path else DEFAULT_THRESHOLDS_YAML
-    return THRESHOLDS_ADAPTER.validate_python(yaml.safe_load(text))
 
 
 class MetricSample(BaseModel):
@@ -167,32 +141,17 @@ def step_for(start: float, end: float, scrape_s: float) -> float:
 
 def crossing(th: Threshold, values: list[tuple[float, float]], window_start: float,
              step: float) -> tuple[tuple[float, float], float | None] | None:
-    """The first (ts, value) past the threshold, and the counter rise by then; None if none."""
+    """The first (ts, value) past the threshold, and the counter rise by then; None if none.
+
+    The crossing itself is :func:`firstfault.rules.telemetry.first_crossing` (the engine reads
+    bundle metrics with the same function); a "last value" series born inside the window
+    (more than two steps after its start) was born by its first value.
+    """
     pts = [(t, v) for t, v in values if not math.isnan(v)]
     if not pts:
         return None
-    if th.kind == "above":
-        hit = next(((t, v) for t, v in pts if v >= th.value), None)
-        return (hit, None) if hit else None
-    if th.kind == "increase":
-        rise, prev = 0.0, pts[0][1]
-        for t, v in pts[1:]:
-            rise += v - prev if v >= prev else v      # a reset: the counter restarted from 0
-            prev = v
-            if rise > th.value:
-                return (t, v), rise
-        return None
-    # changed: a new non-zero value; a series born inside the window was born by that value.
-    base = pts[0][1]
-    born_late = pts[0][0] > window_start + 2 * step
-    if born_late and base != 0:
-        return pts[0], None
-    prev = base
-    for t, v in pts[1:]:
-        if v != prev and v != 0:
-            return (t, v), None
-        prev = v
-    return None
+    hit = first_crossing(th, [v for _, v in pts], born_late=pts[0][0] > window_start + 2 * step)
+    return None if hit is None else (pts[hit.index], hit.rise)
 
 
 def collect(client: PrometheusClient, workload: WorkloadRecord, thresholds: Sequence[Threshold],
@@ -223,11 +182,13 @@ def collect(client: PrometheusClient, workload: WorkloadRecord, thresholds: Sequ
                 if not values:
                     continue
                 series += 1
-                keep = [values[0], values[-1]]
-                hit = crossing(th, values, start, step)
-                if hit is not None:
-                    (t, v), rise = hit
-                    keep.append((t, v))
+                pts = [(t, v) for t, v in values if not math.isnan(v)]
+                found = first_crossing(th, [v for _, v in pts], born_late=bool(pts) and pts[0][0] > start + 2 * step)
+                # first and last sample, the crossing and, for a counter, the resets before it:
+                # the engine finds the same crossing in this compact file (rules/telemetry.py)
+                keep = [values[0], values[-1]] + [pts[i] for i in kept_indices(th, [v for _, v in pts], found)]
+                if found is not None:
+                    (t, v), rise = pts[found.index], found.rise
                     events.append(ThresholdEvent(name=th.metric, host=host, gpu=gpu, first_crossing=_iso(t), value=v,
                                                  delta=rise, threshold=th.value, kind=th.kind, why=th.why))
                 for t, v in keep:

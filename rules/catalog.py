@@ -100,6 +100,7 @@ class ExplainsRule:
     window_s: float | None
     before_s: float
     scenarios: tuple[Mapping[str, Any], ...]
+    equal: tuple[str, ...] = ()  # keys both events must hold with the same value (Alertmanager `equal`)
 
 
 @dataclass(frozen=True, eq=False)      # identity hash: one compiled prefilter per loaded catalog
@@ -136,7 +137,9 @@ def catalog_files(root: Path, overlay: Path | None = None) -> dict[str, Path]:
 
 
 def _python_rule_sources() -> list[Path]:
-    return sorted(p for d in (PACKAGE_DIR / "decoders", PACKAGE_DIR / "python") for p in d.glob("*.py"))
+    # telemetry.py holds the metrics threshold table and crossing logic the events come from
+    return sorted([p for d in (PACKAGE_DIR / "decoders", PACKAGE_DIR / "python") for p in d.glob("*.py")]
+                  + [PACKAGE_DIR / "telemetry.py"])
 
 
 def catalog_version(files: Mapping[str, Path]) -> str:
@@ -172,8 +175,12 @@ def _examples(raw: Any, errs: _Errors, file: str, rid: str, what: str) -> tuple[
             if src is not None and src not in SOURCES:
                 errs.add(file, rid, f"{what} example has unknown source {src!r}")
             out.append(Example(line=item["line"], source=src, fields=dict(item.get("fields") or {})))
+        elif (isinstance(item, Mapping) and item.get("source") == "metrics" and isinstance(item.get("lines"), list)
+              and item["lines"] and all(isinstance(x, str) for x in item["lines"])):
+            # metrics samples: a series of JSON lines, read as one metrics/*.jsonl file
+            out.append(Example(line="\n".join(item["lines"]), source="metrics", fields=dict(item.get("fields") or {})))
         else:
-            errs.add(file, rid, f"{what} example must be a line or {{line: ...}}")
+            errs.add(file, rid, f"{what} example must be a line, {{line: ...}} or {{source: metrics, lines: [...]}}")
     return tuple(out)
 
 
@@ -376,6 +383,11 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
     join = item.get("join")
     if join not in JOINS:
         errs.add(file, rid, f"join must be one of {', '.join(JOINS)}")
+    equal = item.get("equal") or []
+    if not isinstance(equal, list) or any(not isinstance(k, str) or not (
+            k in ("kind", "source", "host", "gpu_index", "rank") or k.startswith("fields.")) for k in equal):
+        errs.add(file, rid, "equal must list keys: kind, source, host, gpu_index, rank or fields.NAME")
+        equal = []
     ex = item.get("examples") or {}
     scenarios = tuple(ex.get("fires") or ()) + tuple(ex.get("quiet") or ())
     if not ex.get("fires") or not ex.get("quiet"):
@@ -388,6 +400,7 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
         join=str(join), window_s=item.get("window_s"), before_s=float(item.get("before_s", 0) or 0),
         scenarios=tuple({"expect": "fires", **s} for s in ex.get("fires") or ())
         + tuple({"expect": "quiet", **s} for s in ex.get("quiet") or ()),
+        equal=tuple(equal),
     )
 
 

@@ -20,6 +20,9 @@ from .catalog import Catalog, load_catalog
 from .diagnose import diagnose
 from .extract import ExtractStats, Extractor, LineMemory, source_of
 from .model import Ev, EventSet
+from .telemetry import (
+    MetricsRead, crossing_events, crossings, line_texts, read_metrics_file, unparsed_events, wanted_lines,
+)
 
 Progress = Callable[[int, int], None]        # (bytes done, bytes total)
 
@@ -85,36 +88,36 @@ def _feeds(f, workload: WorkloadRecord) -> bool:
     return False
 
 
-def _inventory(bundle: Bundle) -> dict[str, Any]:
+def _inventory(bundle: Bundle, metric_hosts: set[str] | None = None) -> dict[str, Any]:
     paths = [f.path for f in bundle.files if source_of(f.path) != "metrics" and _feeds(f, bundle.workload)]
     has_metrics = any(source_of(f.path) == "metrics" and f.size for f in bundle.files)
-    return inventory_from_paths(bundle.workload, paths, _metric_hosts(bundle) if has_metrics else None)
+    if has_metrics and metric_hosts is None:
+        metric_hosts = _metric_hosts(bundle)
+    return inventory_from_paths(bundle.workload, paths, metric_hosts if has_metrics else None)
 
 
-def _metric_hosts(bundle: Bundle) -> set[str]:
-    hosts: set[str] = set()
-    for f in bundle.files:
-        if source_of(f.path) != "metrics":
-            continue
-        rest = b""
-        for chunk in f.open_chunks():
-            data = rest + chunk
-            *lines, rest = data.split(b"\n")
-            for raw in lines:
-                try:
-                    host = json.loads(raw).get("host")
-                except (ValueError, AttributeError):
-                    continue
-                if isinstance(host, str):
-                    hosts.add(host)
-        if rest.strip():
-            try:
-                host = json.loads(rest).get("host")
-                if isinstance(host, str):
-                    hosts.add(host)
-            except (ValueError, AttributeError):
-                pass
-    return hosts
+def metrics_window(workload: WorkloadRecord) -> tuple[Any, Any]:
+    """Samples that count for a workload: those within the node-scoped evidence horizon."""
+    from .diagnose import EVIDENCE_HORIZON_S
+
+    span = timedelta(seconds=EVIDENCE_HORIZON_S)
+    return workload.start_time - span, (workload.end_time + span if workload.end_time else None)
+
+
+def metric_events(workload: WorkloadRecord, read: MetricsRead,
+                  open_file: Callable[[str], Iterable[bytes]]) -> list[Ev]:
+    """Threshold crossings (one event each) and unreadable lines of the metrics files read.
+
+    ``open_file(path)`` gives a metrics file's bytes again: only the crossing lines' text is
+    kept, read in a second pass.
+    """
+    from .extract import HostResolver
+
+    found = crossings(read, born_after=workload.start_time)
+    texts: dict[tuple[str, int], str] = {}
+    for path, lines in sorted(wanted_lines(found).items()):
+        texts.update({(path, n): t for n, t in line_texts(open_file(path), lines).items()})
+    return crossing_events(found, texts, HostResolver(workload).node) + unparsed_events(read)
 
 
 def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Progress | None = None,
@@ -132,13 +135,25 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
         if progress is not None:
             progress(done, total)
 
+    metrics = MetricsRead()
+    lo, hi = metrics_window(bundle.workload)
     for f in bundle.files:
         if source_of(f.path) == "metrics":
-            step(f.size)
+            # One sample a line: series -> threshold crossings, after every file is read.
+            read_metrics_file(f.path, f.open_chunks(), bundle.workload.zone, metrics, lo, hi, progress=step)
             continue
         stats.absorb(extractor.scan_file(f.path, f.open_chunks(), events, progress=step))
+    if metrics.lines:
+        opener = {f.path: f.open_chunks for f in bundle.files if source_of(f.path) == "metrics"}
+        found = metric_events(bundle.workload, metrics, lambda path: opener[path]())
+        for ev in found:
+            events.add(ev)
+        crossed = sum(1 for ev in found if ev.kind != "unparsed")
+        stats.absorb(ExtractStats(files=len(opener), lines=metrics.lines, candidates=crossed, matched=crossed,
+                                  unparsed=sum(metrics.unparsed.values()),
+                                  unparsed_refs=[(p, n) for p, n, _, _ in sorted(metrics.bad)[:10]]))
     evs = events.sorted()
-    inventory = _inventory(bundle)
+    inventory = _inventory(bundle, metrics.hosts if metrics.lines else None)
     diagnosis = diagnose(bundle.workload, evs, catalog, inventory)
     return Analysis(diagnosis=diagnosis, stats=stats, events=evs if keep_events else [])
 

@@ -14,7 +14,7 @@ from typing import Any
 from firstfault.schemas import WorkloadRecord
 
 from .catalog import Catalog, ExplainsRule
-from .early import holds
+from .early import holds, value_of
 from .model import Ev
 
 DEFAULT_SETTINGS: dict[str, Any] = {
@@ -122,10 +122,19 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     t_on = ctx.when(tgt) or t_seen
     tol = ctx.tol()
     join = rule.join
+    for key in rule.equal:
+        have = value_of(src, key)
+        if have is None or have != value_of(tgt, key):
+            return False
     if join in ("same_host", "same_gpu"):
         if not src.host or src.host != tgt.host:
             return False
         if join == "same_gpu" and src.pci and tgt.pci and src.pci != tgt.pci:
+            return False
+        # Metrics name a GPU by its NVML index; other events' index is the CUDA device (from
+        # NCCL's init line), which CUDA_VISIBLE_DEVICES may renumber: compare within metrics only.
+        if join == "same_gpu" and src.source == tgt.source == "metrics" and src.gpu_index is not None \
+                and tgt.gpu_index is not None and src.gpu_index != tgt.gpu_index:
             return False
     if join == "within_timeout_window":
         # The hang began when the collective was enqueued: the line's stamp minus how long it

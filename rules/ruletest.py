@@ -2,7 +2,8 @@
 
 Extraction patterns: each ``match`` line must yield an event from that pattern with
 the expected fields; each ``no_match`` line must not. EARLY rules: each ``fires``
-line must be touched by the rule, each ``quiet`` line not. FINAL rules (YAML and
+line must be touched by the rule, each ``quiet`` line not (an example with ``source: metrics``
+gives ``lines:``, a series of metrics samples read as one ``metrics/dcgm.jsonl``). FINAL rules (YAML and
 Python): each ``fires`` scenario must leave the rule's step in the evidence trail,
 each ``quiet`` scenario must not.
 """
@@ -86,11 +87,26 @@ def _test_pattern(catalog: Catalog, pat: Pattern) -> Result:
     return res
 
 
+def metrics_events(lines: str, workload: WorkloadRecord | None = None) -> list:
+    """The events the engine makes of these metrics sample lines (one ``metrics/dcgm.jsonl``)."""
+    from .engine import metric_events, metrics_window
+    from .telemetry import MetricsRead, read_metrics_file
+
+    wl = workload or WorkloadRecord.model_validate(_WL)
+    read = MetricsRead()
+    lo, hi = metrics_window(wl)
+    data = lines.encode("utf-8", errors="surrogateescape")
+    read_metrics_file("metrics/dcgm.jsonl", [data], wl.zone, read, lo, hi)
+    return metric_events(wl, read, lambda _path: [data])
+
+
 def _early_touched(catalog: Catalog, rule_id: str, ex: Example) -> bool:
     src = ex.source or "app"
     if src == "scheduler" and ex.line.lstrip().startswith("{") and '"workload_id"' in ex.line:
         wl = WorkloadRecord.model_validate(json.loads(ex.line))
         evs = [scheduler_event(wl)]
+    elif src == "metrics":
+        evs = metrics_events(ex.line)
     else:
         ev = extract_one(catalog, ex.line, src)
         evs = [ev] if ev is not None else []
