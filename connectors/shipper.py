@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
@@ -28,6 +28,7 @@ class ShipStats:
     files: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    not_shipped: list[str] = field(default_factory=list)   # metrics files: the stream does not read them yet
 
 
 def start_record(workload: WorkloadRecord) -> WorkloadRecord:
@@ -81,7 +82,8 @@ def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bo
         if err is None:
             index.note_message(msg)
 
-    stats = ShipStats(files=len({r.path for _, r in records}))
+    stats = ShipStats(files=len({r.path for _, r in records}),
+                      not_shipped=sorted(f.path for f in open_bundle(path).files if source_of(f.path) == "metrics"))
     t0 = time.monotonic()
     if start:
         prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("start", wl),
