@@ -2,15 +2,15 @@
 
 The scheduler start goes first, then every host's lines on its key in order
 (Avro ``RawLine`` with the bundle path and line number, so references match the
-offline path; application lines name their workload, node-scoped lines do not and
-are routed by the extractor's allocation timeline), then the scheduler end.
+offline path; application lines and metrics samples name their workload, node-scoped
+lines do not and are routed by the extractor's allocation timeline), then the scheduler end.
 ``--rate`` paces lines per second; the default is as fast as possible.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
@@ -28,7 +28,6 @@ class ShipStats:
     files: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    not_shipped: list[str] = field(default_factory=list)   # metrics files: the stream does not read them yet
 
 
 def start_record(workload: WorkloadRecord) -> WorkloadRecord:
@@ -53,17 +52,18 @@ def bundle_records(path: str | Path, only: Callable[[str], bool] | None = None
     out: list[tuple[str, RawLine]] = []
     for f in bundle.files:
         source = source_of(f.path)
-        if source in (None, "metrics") or (only is not None and not only(f.path)):
+        if source is None or (only is not None and not only(f.path)):
             continue
-        host = hosts.file_host(f.path, source) or PurePosixPath(f.path).stem
+        # Metrics samples name their hosts themselves; the file is the workload's.
+        host = None if source == "metrics" else hosts.file_host(f.path, source) or PurePosixPath(f.path).stem
         data = b"".join(f.open_chunks())
         lines = data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()
         for n, raw in enumerate(lines, 1):
             rec = RawLine(host=host, path=f.path, line=n, text=raw.decode("utf-8", "surrogateescape").rstrip("\r"),
-                          source=source, workload_id=wl.workload_id if source == "app" else None)
-            out.append((host, rec))
+                          source=source, workload_id=wl.workload_id if source in ("app", "metrics") else None)
+            out.append((host or wl.workload_id, rec))
     return wl, out
 
 
@@ -82,8 +82,7 @@ def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bo
         if err is None:
             index.note_message(msg)
 
-    stats = ShipStats(files=len({r.path for _, r in records}),
-                      not_shipped=sorted(f.path for f in open_bundle(path).files if source_of(f.path) == "metrics"))
+    stats = ShipStats(files=len({r.path for _, r in records}))
     t0 = time.monotonic()
     if start:
         prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("start", wl),

@@ -115,17 +115,13 @@ def cmd_ship(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     summary = {"lines": stats.lines, "files": stats.files, "bytes": stats.bytes, "seconds": round(stats.seconds, 3),
-               "topics": {"raw": cfg.topic("raw"), "scheduler": cfg.topic("scheduler")},
-               "not_shipped": stats.not_shipped}
+               "topics": {"raw": cfg.topic("raw"), "scheduler": cfg.topic("scheduler")}}
     if args.json:
         json.dump(summary, sys.stdout, sort_keys=True)
         sys.stdout.write("\n")
     else:
         print(f"shipped {stats.lines:,} lines from {stats.files} files to {cfg.topic('raw')} "
               f"in {stats.seconds:.2f} s, with the scheduler start and end on {cfg.topic('scheduler')}")
-        if stats.not_shipped:
-            print(f"not shipped: {', '.join(stats.not_shipped)} (the stream does not read metrics yet; "
-                  "`firstfault analyze` does)")
     return 0
 
 

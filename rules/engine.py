@@ -59,6 +59,14 @@ def inventory_from_paths(workload: WorkloadRecord, paths: Iterable[str],
     return inv
 
 
+def stream_inventory(workload: WorkloadRecord, paths: Iterable[str], metric_hosts: Iterable[str]) -> dict[str, Any]:
+    """The inventory from what the stream saw: paths (metrics files among them) and metric hosts."""
+    paths = list(paths)
+    has_metrics = any(source_of(p) == "metrics" for p in paths)
+    return inventory_from_paths(workload, [p for p in paths if source_of(p) != "metrics"],
+                                set(metric_hosts) if has_metrics else None)
+
+
 def _feeds(f, workload: WorkloadRecord) -> bool:
     """Does this file count as evidence of the workload? Any line for an application file;
     for a node-scoped file, a line inside the evidence horizon (or one with no stamp)."""

@@ -219,22 +219,30 @@ def read_metrics_file(path: str, chunks: Iterable[bytes], zone: tzinfo, out: Met
                       progress=None) -> None:
     """Add one metrics file's samples (those within [lo, hi]) to ``out``."""
     for n, raw in _lines(chunks, progress):
-        if not raw.strip():
-            continue
-        out.lines += 1
-        fields, host, reason = parse_sample(raw, zone)
-        if host:
-            out.hosts.add(host)
-        if fields is None:
-            out.unparsed[path] += 1
-            if len(out.bad) < MAX_BAD:
-                out.bad.append((path, n, _text(raw), reason or "invalid sample"))
-            continue
-        if fields["name"] not in out.thresholds:
-            continue
-        if (lo is not None and fields["ts"] < lo) or (hi is not None and fields["ts"] > hi):
-            continue
-        out.series[(fields["host"], fields["gpu"], fields["name"])].append((fields["ts"], fields["value"], path, n))
+        add_line(out, path, n, raw, zone, lo, hi)
+
+
+def add_line(out: MetricsRead, path: str, n: int, raw: bytes, zone: tzinfo,
+             lo: datetime | None = None, hi: datetime | None = None) -> bool:
+    """Add line ``n`` of a metrics file to ``out``; True when it is a sample of the threshold
+    table inside [lo, hi] (the stream keeps such lines' text: one may become a crossing)."""
+    if not raw.strip():
+        return False
+    out.lines += 1
+    fields, host, reason = parse_sample(raw, zone)
+    if host:
+        out.hosts.add(host)
+    if fields is None:
+        out.unparsed[path] += 1
+        if len(out.bad) < MAX_BAD:
+            out.bad.append((path, n, _text(raw), reason or "invalid sample"))
+        return False
+    if fields["name"] not in out.thresholds:
+        return False
+    if (lo is not None and fields["ts"] < lo) or (hi is not None and fields["ts"] > hi):
+        return False
+    out.series[(fields["host"], fields["gpu"], fields["name"])].append((fields["ts"], fields["value"], path, n))
+    return True
 
 
 @dataclass(frozen=True)

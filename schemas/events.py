@@ -80,3 +80,5 @@ class EventBatch(BaseModel):
     attempt: int = 0
     events: list[Event]
     paths: list[str] = Field(default_factory=list, description="bundle paths that contributed lines (evidence inventory)")
+    metric_hosts: list[str] = Field(default_factory=list,
+                                    description="hosts named by the metrics samples read (evidence inventory)")

@@ -47,6 +47,7 @@ from . import kafka
 from .codecs import decode_raw, decode_scheduler
 from .config import StreamConfig
 from .health import Health, LagSeries, port_from_env
+from .metrics_reader import MetricsReader
 from .timeline import Allocation, AllocationTimeline
 
 log = logging.getLogger("firstfault.extractor")
@@ -96,6 +97,8 @@ class ExtractorCore:
         probe = Extractor(self.catalog, _placeholder())
         self.prefilter = probe.prefilter
         self._generic = probe
+        self.metrics_reader = MetricsReader()
+        self._metric_hosts: dict[tuple[str, int], list[str]] = {}   # for the batches being built
 
     # ------------------------------------------------------------ routing
     def extractor_for(self, alloc: Allocation) -> Extractor:
@@ -179,10 +182,14 @@ class ExtractorCore:
         hits = self.prefilter.scan(b"\n".join(encoded)) if records else {}
         last_line: dict[str, int] = {}       # per file in this batch: the last line number seen
         settled: dict[str, bool] = {}        # per file: every workload it may feed is decided
+        fed: set[tuple[str, int]] = set()
         for i, (rec, ts_ms) in enumerate(records):
             self.counters.records += 1
             host_key = rec.host or "?"
             self.counters.by_host[host_key] = self.counters.by_host.get(host_key, 0) + 1
+            if (rec.source or source_of(rec.path)) == "metrics":
+                self._metric_line(rec, paths, fed)
+                continue
             # Which workloads a file feeds (the evidence inventory): routed once per run of
             # consecutive lines, again where the numbering jumps (another file, a rotation).
             key = _mem_key(rec)
@@ -204,7 +211,27 @@ class ExtractorCore:
                 else:
                     self._extract(rec, anchor_hits, allocs, out, stats)
             self.memory.add(_mem_key(rec), rec.line, rec.text)
+        if fed:
+            workloads = {k: a.workload for k in fed if (a := self.timeline.get(*k)) is not None}
+            for key, (events, hosts) in self.metrics_reader.drain(workloads).items():
+                if events:
+                    out.setdefault(key, EventSet()).update(events)
+                    self.counters.events += len(events)
+                if hosts:
+                    self._metric_hosts[key] = hosts
         return self._batches(out, paths)
+
+    def _metric_line(self, rec: RawLine, paths: dict, fed: set) -> None:
+        """A metrics sample names its workload (``firstfault ship`` sends them after the start
+        event); one of an attempt not known here is counted and dropped."""
+        alloc = self.timeline.get(rec.workload_id) if rec.workload_id else None
+        if alloc is None:
+            self.counters.unrouted_lines += 1
+            return
+        key = (alloc.workload.workload_id, alloc.workload.attempt)
+        self.metrics_reader.add(key, alloc.workload, rec)
+        paths.setdefault(key, set()).add(rec.path)
+        fed.add(key)
 
     def _extract(self, rec: RawLine, anchor_ids, allocs: list[Allocation], out, stats: ExtractStats,
                  above: list[str] | None = None) -> None:
@@ -309,13 +336,14 @@ class ExtractorCore:
 
     def _batches(self, out: dict, paths: dict) -> dict[tuple[str, int], EventBatch]:
         batches: dict[tuple[str, int], EventBatch] = {}
-        for key in sorted(set(out) | set(paths)):
+        for key in sorted(set(out) | set(paths) | set(self._metric_hosts)):
             new_paths = sorted(p for p in paths.get(key, ()) if (key[0], key[1], p) not in self._sent_paths)
             events = [e.to_schema() for e in out[key].sorted()] if key in out else []
-            if not events and not new_paths:
+            if not events and not new_paths and key not in self._metric_hosts:
                 continue
             self._sent_paths.update((key[0], key[1], p) for p in new_paths)
-            batches[key] = EventBatch(workload_id=key[0], attempt=key[1], events=events, paths=new_paths)
+            batches[key] = EventBatch(workload_id=key[0], attempt=key[1], events=events, paths=new_paths,
+                                      metric_hosts=self._metric_hosts.pop(key, []))
         return batches
 
 

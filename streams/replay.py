@@ -140,7 +140,7 @@ def select_attempts(cfg: StreamConfig, window: Window, mode: Mode, index: Offset
 def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Window, catalog: Catalog, mode: Mode,
                index: OffsetIndex | None, idle_s: float, counts: dict[str, int]) -> dict[Key, Diagnosis]:
     from firstfault.rules.diagnose import diagnose
-    from firstfault.rules.engine import inventory_from_paths
+    from firstfault.rules.engine import stream_inventory
     from firstfault.rules.model import Ev, EventSet
 
     from .codecs import decode_raw
@@ -160,12 +160,14 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Win
     raw_until = window.until_ms + int(cfg.lateness_s * 1000)
     events: dict[Key, EventSet] = {k: EventSet() for k in chosen}
     paths: dict[Key, set[str]] = {k: set() for k in chosen}
+    metric_hosts: dict[Key, set[str]] = {k: set() for k in chosen}
 
     def run(batch: list[tuple[RawLine, int]]) -> None:
         for key, out in core.handle(batch).items():
             if key in events:
                 events[key].update(Ev.from_schema(e) for e in out.events)
                 paths[key].update(out.paths)
+                metric_hosts[key].update(out.metric_hosts)
 
     bar = TimeBar("raw", raw_from, min(raw_until, int(time.time() * 1000)))
     reader = TopicReader(cfg, cfg.topic("raw"), since_ms=raw_from, until_ms=raw_until, mode=mode, index=index,
@@ -186,7 +188,8 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Win
     finally:
         bar.close()
     counts["raw"] = core.counters.records
-    return {k: diagnose(ev.workload, events[k].sorted(), catalog, inventory_from_paths(ev.workload, paths[k]))
+    return {k: diagnose(ev.workload, events[k].sorted(), catalog,
+                        stream_inventory(ev.workload, paths[k], metric_hosts[k]))
             for k, ev in chosen.items()}
 
 

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from firstfault.rules.catalog import Catalog
 from firstfault.rules.diagnose import diagnose
 from firstfault.rules.early import run_early
-from firstfault.rules.engine import inventory_from_paths
+from firstfault.rules.engine import stream_inventory
 from firstfault.rules.model import Ev
 from firstfault.schemas import Diagnosis, Event, EventBatch, SchedulerEvent, WorkloadRecord
 
@@ -78,6 +78,7 @@ class WorkloadState(BaseModel):
     last_input: datetime | None = Field(default=None, description="processing time: wall clock of the last batch merged")
     events: dict[str, Event] = Field(default_factory=dict, description="by signature")
     paths: list[str] = Field(default_factory=list)
+    metric_hosts: list[str] = Field(default_factory=list, description="hosts named by metrics samples")
     offsets: dict[str, int] = Field(default_factory=dict, description="highest input offset applied, per topic")
     root_arrived: bool = Field(default=False, description="a strong root arrived since the last provisional check")
     dirty: bool = Field(default=False, description="evidence changed since the last final or revision")
@@ -198,6 +199,8 @@ def merge_batch(state: WorkloadState, batch: EventBatch, catalog: Catalog, seq: 
             state.events[sig] = merged.to_schema()
     if batch.paths:
         state.paths = sorted(set(state.paths) | set(batch.paths))
+    if batch.metric_hosts:
+        state.metric_hosts = sorted(set(state.metric_hosts) | set(batch.metric_hosts))
     state.dirty = True
     return True
 
@@ -295,7 +298,7 @@ def result_hash(d: Diagnosis) -> str:
 def diagnose_state(state: WorkloadState, catalog: Catalog) -> Diagnosis:
     """The diagnosis of the evidence so far, exactly as the offline path would compute it."""
     assert state.workload is not None
-    inventory = inventory_from_paths(state.workload, state.paths)
+    inventory = stream_inventory(state.workload, state.paths, state.metric_hosts)
     return diagnose(state.workload, [Ev.from_schema(e) for e in state.events.values()], catalog, inventory)
 
 
@@ -328,6 +331,7 @@ def close(state: WorkloadState, wall_now: datetime) -> None:
     state.closed_at = wall_now
     state.events = {}
     state.paths = []
+    state.metric_hosts = []
     state.dirty = state.root_arrived = False
 
 

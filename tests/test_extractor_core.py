@@ -112,3 +112,44 @@ def test_a_held_line_is_counted_once_when_its_start_arrives():
     take(core.retry_held()[0])
     xids = [e for e in events.sorted() if e.kind == "xid" and e.fields.get("xid") == 149]
     assert len(xids) == 1 and xids[0].count == 1
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_metrics_samples_in_any_batching_match_offline(tmp_path, seed):
+    """DCGM samples on the raw topic: crossings sent once, unreadable lines counted once,
+    metric hosts for the inventory; batches of any size, files interleaved."""
+    import shutil
+
+    from firstfault.rules.engine import stream_inventory
+    from test_pipeline_parity import METRICS
+
+    sample = tmp_path / "wm"
+    shutil.copytree(next(p for p in sample_dirs() if p.name == "worked-example"), sample)
+    (sample / "metrics").mkdir()
+    (sample / "metrics" / "dcgm.jsonl").write_text(METRICS)
+    wl, records = bundle_records(sample)
+    assert sum(1 for _, r in records if r.source == "metrics") == len(METRICS.splitlines())
+    rng = random.Random(seed)
+    by_file: dict[str, list] = {}
+    for _, rec in records:
+        by_file.setdefault(rec.path, []).append(rec)
+    queues, mixed = list(by_file.values()), []
+    while queues:
+        q = rng.choice(queues)
+        mixed.append(q.pop(0))
+        if not q:
+            queues.remove(q)
+    core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+    core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    events, paths, hosts = EventSet(), set(), set()
+    size = rng.randint(1, 4)                       # the metrics file spans several batches
+    for i in range(0, len(mixed), size):
+        for b in core.handle([(r, 0) for r in mixed[i:i + size]]).values():
+            events.update(Ev.from_schema(e) for e in b.events)
+            paths.update(b.paths)
+            hosts.update(b.metric_hosts)
+    assert hosts == {"node-01", "node-02", "node-04"}
+    got = diagnose(wl, events.sorted(), load_catalog(), stream_inventory(wl, paths, hosts))
+    assert got.to_json() == analyze_path(sample).diagnosis.to_json()
+    assert [e.count for e in events.sorted() if e.kind == "dcgm_threshold"] == [1, 1]
+    assert [e.count for e in events.sorted() if e.kind == "unparsed" and e.source == "metrics"] == [2]

@@ -30,8 +30,32 @@ def _bare(d) -> dict:
     return {k: v for k, v in d.to_dict().items() if k not in STREAM_ONLY}
 
 
-def test_every_sample_through_the_pipeline_matches_analyze(running):
-    samples = sample_dirs()
+METRICS = "\n".join([
+    '{"ts": "2026-11-02T09:55:00Z", "host": "node-02", "gpu": 3, "name": "DCGM_FI_DEV_XID_ERRORS", "value": 0}',
+    '{"ts": "2026-11-02T10:03:30Z", "host": "node-02", "gpu": 3, "name": "DCGM_FI_DEV_XID_ERRORS", "value": 149}',
+    '{"ts": "2026-11-02T09:55:00Z", "host": "node-04", "gpu": 1, "name": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "value": 0}',
+    '{"ts": "2026-11-02T10:02:00Z", "host": "node-04", "gpu": 1, "name": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "value": 500}',
+    "not a sample",
+    '{"ts": "2026-11-02T10:00:00Z", "host": "node-01", "gpu": 0, "name": "DCGM_FI_DEV_GPU_TEMP", "value": 61}',
+    "",
+    '{"ts": "2026-11-02T10:10:00Z", "host": "node-01", "gpu": 0, "name": "DCGM_FI_DEV_GPU_TEMP", "value": "hot"}',
+]) + "\n"
+
+
+def _with_metrics(tmp_path: Path) -> Path:
+    """The worked example with DCGM samples: a crossing the kernel line explains, a weak
+    NVLink counter, unreadable lines and a host (node-03) with no samples."""
+    dst = tmp_path / "worked-example-metrics"
+    shutil.copytree(next(p for p in sample_dirs() if p.name == "worked-example"), dst)
+    (dst / "metrics").mkdir()
+    (dst / "metrics" / "dcgm.jsonl").write_text(METRICS)
+    return dst
+
+
+def test_every_sample_through_the_pipeline_matches_analyze(running, tmp_path):
+    # The worked example goes with metrics samples (its hosts and times are its own: a second
+    # copy would share node-scoped lines with it).
+    samples = [_with_metrics(tmp_path) if p.name == "worked-example" else p for p in sample_dirs()]
     for s in samples:
         ship(s, running)
     expected = {json.loads((s / "workload.json").read_text())["workload_id"]: analyze_path(s).diagnosis for s in samples}

@@ -382,18 +382,3 @@ def test_supervisor_stops_one_at_a_time_pausing_inside_a_group_and_kills_the_stu
     took = time.monotonic() - t0
     assert (a.proc.returncode, b.proc.returncode, c.proc.returncode) == (0, 0, -signal.SIGKILL)
     assert 1.6 <= took < 6               # the pause between a and b, then c's full timeout
-
-
-def test_ship_says_which_metrics_files_it_leaves_behind(stream_cfg, tmp_path):
-    import shutil
-
-    bundle = tmp_path / "with-metrics"
-    shutil.copytree(OOM, bundle)
-    (bundle / "metrics").mkdir()
-    (bundle / "metrics" / "dcgm.jsonl").write_text(
-        '{"ts": "2026-11-02T10:00:00Z", "host": "node-01", "gpu": 0, "name": "DCGM_FI_DEV_GPU_TEMP", "value": 60}\n')
-    kafka.ensure_topics(stream_cfg)
-    plain = ship(OOM, stream_cfg)
-    stats = ship(bundle, stream_cfg)
-    assert stats.not_shipped == ["metrics/dcgm.jsonl"] and plain.not_shipped == []
-    assert (stats.lines, stats.files) == (plain.lines, plain.files)
