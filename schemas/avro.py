@@ -5,6 +5,11 @@
 rewrites them, and a test fails when they drift). Messages use Avro single-object
 encoding: ``C3 01``, the 8-byte little-endian CRC-64-AVRO fingerprint of the
 writer's schema, then the body, so every message names its schema.
+
+A model may grow a field with a default: the schema it had before is kept in
+``avro/compat/`` (``<Name>.<n>.avsc``), and a message written with it is read through
+Avro schema resolution into today's model, so records already on a topic survive an
+upgrade instead of being dead-lettered.
 """
 from __future__ import annotations
 
@@ -89,6 +94,9 @@ def _record(model: type[BaseModel], seen: set[str]) -> Any:
             entry["doc"] = info.description
         if isinstance(t, list) and t and t[0] == "null":
             entry["default"] = None
+        elif info.default_factory in (list, dict) and isinstance(t, dict) and t.get("type") in ("array", "map"):
+            # What an older writer did not send reads as empty (schema resolution needs it).
+            entry["default"] = [] if t["type"] == "array" else {}
         fields.append(entry)
     if model.model_config.get("extra") == "allow":
         fields.append({"name": "extra", "type": {"type": "string", JSON_MARK: True},
@@ -127,13 +135,28 @@ def _parsed(name: str) -> tuple[Any, bytes]:
     schema = _raw_schema(name)
     parsed = parse_schema(schema, _write_hint=False)
     # The Rabin fingerprint of the Parsing Canonical Form, written little-endian (Avro spec).
-    fp = int(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"), 16).to_bytes(8, "little")
-    return parsed, fp
+    return parsed, _fp(parsed)
+
+
+def _fp(parsed: Any) -> bytes:
+    return int(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"), 16).to_bytes(8, "little")
 
 
 @lru_cache(maxsize=None)
 def _by_fingerprint() -> dict[bytes, str]:
     return {_parsed(n)[1]: n for n in TOPIC_MODELS}
+
+
+@lru_cache(maxsize=None)
+def _older() -> dict[bytes, tuple[str, Any]]:
+    """Fingerprints of earlier schemas (avro/compat/) -> (model name, parsed writer schema)."""
+    out: dict[bytes, tuple[str, Any]] = {}
+    for path in sorted((AVRO_DIR / "compat").glob("*.avsc")):
+        name = path.name.split(".")[0]
+        if name in TOPIC_MODELS:
+            parsed = parse_schema(json.loads(path.read_text()), _write_hint=False)
+            out[_fp(parsed)] = (name, parsed)
+    return out
 
 
 def _to_avro(value: Any, schema: Any) -> Any:
@@ -212,9 +235,12 @@ def decode(data: bytes) -> BaseModel:
     if len(data) < 10 or data[:2] != MAGIC:
         raise ValueError("not Avro single-object encoding (missing C3 01 marker)")
     name = _by_fingerprint().get(data[2:10])
+    writer = None
+    if name is None and data[2:10] in _older():
+        name, writer = _older()[data[2:10]]
     if name is None:
         raise ValueError(f"unknown schema fingerprint {data[2:10][::-1].hex()}")
-    if name == "RawLine":
+    if name == "RawLine" and writer is None:
         # The hot path (every raw line): a flat record, read without fastavro's per-call set-up.
         try:
             datum = _flat("RawLine")(data[10:])
@@ -225,7 +251,7 @@ def decode(data: bytes) -> BaseModel:
         return _construct(RawLine, datum)
     parsed, _ = _parsed(name)
     try:
-        datum = fastavro.schemaless_reader(io.BytesIO(data[10:]), parsed, None)
+        datum = fastavro.schemaless_reader(io.BytesIO(data[10:]), writer or parsed, parsed if writer else None)
     except Exception as exc:  # fastavro raises several types on truncated or corrupt bodies
         raise ValueError(f"corrupt {name} body: {exc}") from None
 

@@ -98,6 +98,7 @@ class ExtractorCore:
         self.prefilter = probe.prefilter
         self._generic = probe
         self.metrics_reader = MetricsReader()
+        self.metric_pending: deque[Held] = deque()      # samples whose workload is not known yet
         self._metric_hosts: dict[tuple[str, int], list[str]] = {}   # for the batches being built
 
     # ------------------------------------------------------------ routing
@@ -188,7 +189,7 @@ class ExtractorCore:
             host_key = rec.host or "?"
             self.counters.by_host[host_key] = self.counters.by_host.get(host_key, 0) + 1
             if (rec.source or source_of(rec.path)) == "metrics":
-                self._metric_line(rec, paths, fed)
+                self._metric_line(Held(rec, ts_ms, now), paths, fed)
                 continue
             # Which workloads a file feeds (the evidence inventory): routed once per run of
             # consecutive lines, again where the numbering jumps (another file, a rotation).
@@ -211,27 +212,39 @@ class ExtractorCore:
                 else:
                     self._extract(rec, anchor_hits, allocs, out, stats)
             self.memory.add(_mem_key(rec), rec.line, rec.text)
-        if fed:
-            workloads = {k: a.workload for k in fed if (a := self.timeline.get(*k)) is not None}
-            for key, (events, hosts) in self.metrics_reader.drain(workloads).items():
-                if events:
-                    out.setdefault(key, EventSet()).update(events)
-                    self.counters.events += len(events)
-                if hosts:
-                    self._metric_hosts[key] = hosts
+        self._drain_metrics(fed, out)
         return self._batches(out, paths)
 
-    def _metric_line(self, rec: RawLine, paths: dict, fed: set) -> None:
-        """A metrics sample names its workload (``firstfault ship`` sends them after the start
-        event); one of an attempt not known here is counted and dropped."""
+    def _metric_line(self, h: Held, paths: dict, fed: set) -> bool:
+        """A metrics sample names its workload; one whose start event has not come yet waits
+        (bounded like held lines: ``hold_s``, ``hold_max``). True when it was routed."""
+        rec = h.rec
         alloc = self.timeline.get(rec.workload_id) if rec.workload_id else None
         if alloc is None:
-            self.counters.unrouted_lines += 1
-            return
+            if rec.workload_id:
+                self.metric_pending.append(h)
+                while len(self.metric_pending) > self.cfg.hold_max:
+                    self.metric_pending.popleft()
+                    self.counters.unrouted_lines += 1
+            else:
+                self.counters.unrouted_lines += 1
+            return False
         key = (alloc.workload.workload_id, alloc.workload.attempt)
         self.metrics_reader.add(key, alloc.workload, rec)
         paths.setdefault(key, set()).add(rec.path)
         fed.add(key)
+        return True
+
+    def _drain_metrics(self, fed: set, out: dict) -> None:
+        if not fed:
+            return
+        workloads = {k: a.workload for k in fed if (a := self.timeline.get(*k)) is not None}
+        for key, (events, hosts) in self.metrics_reader.drain(workloads).items():
+            if events:
+                out.setdefault(key, EventSet()).update(events)
+                self.counters.events += len(events)
+            if hosts:
+                self._metric_hosts[key] = sorted(set(self._metric_hosts.get(key, [])) | set(hosts))
 
     def _extract(self, rec: RawLine, anchor_ids, allocs: list[Allocation], out, stats: ExtractStats,
                  above: list[str] | None = None) -> None:
@@ -332,6 +345,13 @@ class ExtractorCore:
                 del self._unrouted_paths[key]
             elif now - h.since > self.cfg.hold_s:
                 del self._unrouted_paths[key]
+        fed: set[tuple[str, int]] = set()
+        waiting, self.metric_pending = self.metric_pending, deque()
+        for h in waiting:                       # in arrival order: a series stays in file order
+            if not self._metric_line(h, paths, fed) and now - h.since > self.cfg.hold_s:
+                self.metric_pending.pop()
+                self.counters.unrouted_lines += 1
+        self._drain_metrics(fed, out)
         return self._batches(out, paths), expired
 
     def _batches(self, out: dict, paths: dict) -> dict[tuple[str, int], EventBatch]:
@@ -483,7 +503,7 @@ class ExtractorWorker:
                 self.dead_letter(m, f"{type(exc).__name__}: {exc}")
         if records:
             self.publish(self.core.handle(records))
-        if self.core.held or self.core._unrouted_paths:
+        if self.core.held or self.core._unrouted_paths or self.core.metric_pending:
             batches, expired = self.core.retry_held()
             self.publish(batches)
             self.keep_for_node_history(expired)

@@ -114,10 +114,11 @@ def test_a_held_line_is_counted_once_when_its_start_arrives():
     assert len(xids) == 1 and xids[0].count == 1
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_metrics_samples_in_any_batching_match_offline(tmp_path, seed):
+@pytest.mark.parametrize("seed,start_first", [(1, True), (2, True), (3, False), (4, False)])
+def test_metrics_samples_in_any_batching_match_offline(tmp_path, seed, start_first):
     """DCGM samples on the raw topic: crossings sent once, unreadable lines counted once,
-    metric hosts for the inventory; batches of any size, files interleaved."""
+    metric hosts for the inventory; batches of any size, files interleaved; samples that
+    come before their workload's start event wait for it."""
     import shutil
 
     from firstfault.rules.engine import stream_inventory
@@ -140,14 +141,26 @@ def test_metrics_samples_in_any_batching_match_offline(tmp_path, seed):
         if not q:
             queues.remove(q)
     core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
-    core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    start = SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time)
+    if start_first:
+        core.timeline.apply(start)
     events, paths, hosts = EventSet(), set(), set()
-    size = rng.randint(1, 4)                       # the metrics file spans several batches
-    for i in range(0, len(mixed), size):
-        for b in core.handle([(r, 0) for r in mixed[i:i + size]]).values():
+
+    def take(batches):
+        for b in batches.values():
             events.update(Ev.from_schema(e) for e in b.events)
             paths.update(b.paths)
             hosts.update(b.metric_hosts)
+
+    size = rng.randint(1, 4)                       # the metrics file spans several batches
+    for i in range(0, len(mixed), size):
+        if not start_first and i >= len(mixed) - 3 and len(core.timeline) == 0:
+            core.timeline.apply(start)             # late: most samples (and lines) waited
+            take(core.retry_held()[0])
+        take(core.handle([(r, 0) for r in mixed[i:i + size]]))
+    core.timeline.apply(SchedulerEvent(type="end", workload=wl, ts=wl.end_time))
+    take(core.retry_held()[0])
+    assert not core.metric_pending
     assert hosts == {"node-01", "node-02", "node-04"}
     got = diagnose(wl, events.sorted(), load_catalog(), stream_inventory(wl, paths, hosts))
     assert got.to_json() == analyze_path(sample).diagnosis.to_json()

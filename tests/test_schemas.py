@@ -74,3 +74,25 @@ def test_fast_rawline_decoder_agrees_with_fastavro():
         assert decode(encode(line)) == line
     with pytest.raises(ValueError, match="corrupt RawLine"):
         decode(encode(lines[1])[:-3])
+
+
+def test_an_event_batch_an_older_extractor_wrote_still_decodes():
+    """EventBatch gained metric_hosts; a batch an older extractor wrote (schema kept in
+    avro/compat/) reads into today's model with the field empty, not into the dead-letter topic."""
+    import io
+
+    import fastavro
+    from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+    from firstfault.schemas import EventBatch
+
+    old = parse_schema(json.loads((AVRO_DIR / "compat" / "EventBatch.1.avsc").read_text()), _write_hint=False)
+    fp = int(fingerprint(to_parsing_canonical_form(old), "CRC-64-AVRO"), 16).to_bytes(8, "little")
+    now = encode(EventBatch(workload_id="w", attempt=1, events=[], paths=["logs/app/node-01.log"]))
+    assert fp != now[2:10]                          # a different schema, not merely other defaults
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old, {"workload_id": "w", "attempt": 1, "events": [],
+                                           "paths": ["logs/app/node-01.log"]})
+    got = decode(b"\xc3\x01" + fp + body.getvalue())
+    assert got == EventBatch(workload_id="w", attempt=1, events=[], paths=["logs/app/node-01.log"], metric_hosts=[])
+    assert decode(now).metric_hosts == []
