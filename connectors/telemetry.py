@@ -147,11 +147,16 @@ def crossing(th: Threshold, values: list[tuple[float, float]], window_start: flo
     bundle metrics with the same function); a "last value" series born inside the window
     (more than two steps after its start) was born by its first value.
     """
+    pts, hit = _first(th, values, window_start, step)
+    return None if hit is None else (pts[hit.index], hit.rise)
+
+
+def _first(th: Threshold, values: list[tuple[float, float]], window_start: float, step: float):
+    """(the samples that are numbers, their first crossing or None)."""
     pts = [(t, v) for t, v in values if not math.isnan(v)]
     if not pts:
-        return None
-    hit = first_crossing(th, [v for _, v in pts], born_late=pts[0][0] > window_start + 2 * step)
-    return None if hit is None else (pts[hit.index], hit.rise)
+        return pts, None
+    return pts, first_crossing(th, [v for _, v in pts], born_late=pts[0][0] > window_start + 2 * step)
 
 
 def collect(client: PrometheusClient, workload: WorkloadRecord, thresholds: Sequence[Threshold],
@@ -182,8 +187,7 @@ def collect(client: PrometheusClient, workload: WorkloadRecord, thresholds: Sequ
                 if not values:
                     continue
                 series += 1
-                pts = [(t, v) for t, v in values if not math.isnan(v)]
-                found = first_crossing(th, [v for _, v in pts], born_late=bool(pts) and pts[0][0] > start + 2 * step)
+                pts, found = _first(th, values, start, step)
                 # first and last sample, the crossing and, for a counter, the resets before it:
                 # the engine finds the same crossing in this compact file (rules/telemetry.py)
                 keep = [values[0], values[-1]] + [pts[i] for i in kept_indices(th, [v for _, v in pts], found)]

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,15 +81,10 @@ def load_thresholds(path: str | Path | None = None) -> list[Threshold]:
     return THRESHOLDS_ADAPTER.validate_python(yaml.safe_load(text))
 
 
-_DEFAULT: dict[str, Threshold] | None = None
-
-
+@lru_cache(maxsize=1)
 def default_thresholds() -> dict[str, Threshold]:
     """metric name -> its threshold, from the default table (parsed once)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = {t.metric: t for t in load_thresholds()}
-    return _DEFAULT
+    return {t.metric: t for t in load_thresholds()}
 
 
 # ---------------------------------------------------------------- crossing
@@ -223,11 +219,12 @@ def read_metrics_file(path: str, chunks: Iterable[bytes], zone: tzinfo, out: Met
 
 
 def add_line(out: MetricsRead, path: str, n: int, raw: bytes, zone: tzinfo,
-             lo: datetime | None = None, hi: datetime | None = None) -> bool:
-    """Add line ``n`` of a metrics file to ``out``; True when it is a sample of the threshold
-    table inside [lo, hi] (the stream keeps such lines' text: one may become a crossing)."""
+             lo: datetime | None = None, hi: datetime | None = None) -> tuple[str, int | None, str] | None:
+    """Add line ``n`` of a metrics file to ``out``; the series it joined when it is a sample of
+    the threshold table inside [lo, hi] (the stream keeps such lines' text: one may become a
+    crossing), else None."""
     if not raw.strip():
-        return False
+        return None
     out.lines += 1
     fields, host, reason = parse_sample(raw, zone)
     if host:
@@ -236,13 +233,14 @@ def add_line(out: MetricsRead, path: str, n: int, raw: bytes, zone: tzinfo,
         out.unparsed[path] += 1
         if len(out.bad) < MAX_BAD:
             out.bad.append((path, n, _text(raw), reason or "invalid sample"))
-        return False
+        return None
     if fields["name"] not in out.thresholds:
-        return False
+        return None
     if (lo is not None and fields["ts"] < lo) or (hi is not None and fields["ts"] > hi):
-        return False
-    out.series[(fields["host"], fields["gpu"], fields["name"])].append((fields["ts"], fields["value"], path, n))
-    return True
+        return None
+    key = (fields["host"], fields["gpu"], fields["name"])
+    out.series[key].append((fields["ts"], fields["value"], path, n))
+    return key
 
 
 @dataclass(frozen=True)

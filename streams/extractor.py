@@ -26,7 +26,6 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 

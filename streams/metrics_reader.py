@@ -2,8 +2,8 @@
 
 A threshold crossing needs a series, not a line, so samples are kept per workload
 attempt (only those of the threshold table, and their text: one may become the
-crossing) and the crossings are computed with the offline code (rules/telemetry.py)
-after every batch. Each series' crossing is sent once: samples arrive in file order
+crossing) and the crossings of the series a batch fed are computed with the offline
+code (rules/telemetry.py). Each series' crossing is sent once: samples arrive in file order
 (one key, one partition), so the first crossing found is the file's first crossing.
 Unreadable lines go out as ``unparsed`` events counting only the new ones; the
 correlator's order-free merge adds them up to the offline count.
@@ -38,6 +38,7 @@ class _Attempt:
     unparsed_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     hosts_sent: set[str] = field(default_factory=set)
     fed: bool = False
+    touched: set[tuple[str, int | None, str]] = field(default_factory=set)   # series fed since the last drain
 
 
 class MetricsReader:
@@ -56,8 +57,11 @@ class MetricsReader:
         span = timedelta(seconds=EVIDENCE_HORIZON_S)
         lo = workload.start_time - span
         hi = workload.end_time + span if workload.end_time else None
-        if add_line(st.read, rec.path, rec.line, rec.text.encode("utf-8", "surrogateescape"), workload.zone, lo, hi):
+        series = add_line(st.read, rec.path, rec.line, rec.text.encode("utf-8", "surrogateescape"),
+                          workload.zone, lo, hi)
+        if series is not None:
             st.texts[(rec.path, rec.line)] = rec.text[:2000]
+            st.touched.add(series)
         st.fed = True
 
     def drain(self, workloads: dict[Key, WorkloadRecord]) -> dict[Key, tuple[list[Ev], list[str]]]:
@@ -68,7 +72,10 @@ class MetricsReader:
                 continue
             st.fed = False
             wl = workloads[key]
-            found = crossings(st.read, born_after=wl.start_time)
+            fed = MetricsRead(thresholds=st.read.thresholds)
+            fed.series.update({k: st.read.series[k] for k in st.touched})
+            st.touched.clear()
+            found = crossings(fed, born_after=wl.start_time)
             events = [ev for ev in crossing_events(found, st.texts, HostResolver(wl).node)
                       if ev.signature not in st.sent]
             st.sent.update(ev.signature for ev in events)

@@ -57,14 +57,20 @@ def running_pipeline(cfg, tmp_path: Path):
         assert "warmup" in read_finals(cfg, lambda out: "warmup" in out, timeout=90), "the pipeline never answered"
         yield cfg
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs, 15)
+
+
+def stop_all(procs, wait_s: float = 20.0) -> None:
+    """SIGTERM every process still running, then wait for each (SIGKILL past ``wait_s``)."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.terminate()
+    for p in live:
+        try:
+            p.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def read_finals(cfg, want, timeout: float = 120.0) -> dict:

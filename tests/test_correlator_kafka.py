@@ -32,6 +32,7 @@ from firstfault.streams import kafka
 from firstfault.streams.config import StreamConfig
 
 from conftest import SAMPLES
+from stream_pipeline import stop_all
 
 pytest_plugins = ["conftest_kafka"]
 
@@ -148,15 +149,7 @@ class Pipeline:
 
     def close(self) -> None:
         # All at once: this test's group is never used again, so a wedged group cannot hurt.
-        live = [p for p in self.workers if p.poll() is None]
-        for proc in live:
-            proc.terminate()
-        for proc in live:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(self.workers, 10)
         self.producer.flush(5)
 
 

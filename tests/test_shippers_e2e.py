@@ -19,7 +19,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from firstfault.rules.prefixes import StampContext, read_head
 from firstfault.streams import kafka
 from firstfault.streams.codecs import decode_raw
 
-from stream_pipeline import pipeline_cfg, read_finals, running_pipeline, worker_env
+from stream_pipeline import pipeline_cfg, read_finals, running_pipeline, stop_all, worker_env
 from webhook_receiver import Receiver
 
 pytest_plugins = ["conftest_kafka"]
@@ -90,18 +89,6 @@ def start_rsyslog(cfg, node: str, tmp: Path, env: dict, inputs: str) -> subproce
     log = open(work / "rsyslogd.log", "wb")
     return subprocess.Popen([RSYSLOGD, "-n", "-f", str(conf), "-i", str(work / "rsyslogd.pid")],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def raw_records(cfg, want: int, timeout: float = 60.0) -> list:
@@ -217,7 +204,7 @@ def test_rsyslog_and_kcat_to_diagnosis_alert_and_dry_run_drain(kafka_bootstrap, 
 
             recs = wait_for(decided, 60, "the recovery sink's decisions")
         finally:
-            stop(shippers + sinks)
+            stop_all(shippers + sinks)
             receiver.close()
     drains = [x for x in (tmp_path / "recovery.out").read_text().splitlines() if x.startswith("DRY-RUN")]
     assert drains == ['DRY-RUN scontrol update NodeName=node-02 State=DRAIN Reason="firstfault: '
@@ -245,7 +232,7 @@ def test_rsyslog_syslog_template_writes_the_line_syslog_would(kafka_bootstrap, u
         subprocess.run(["logger", "-u", str(sock), "-t", "kernel", text], check=True)
         [msg] = raw_records(cfg, 1, timeout=30)
     finally:
-        stop([proc])
+        stop_all([proc])
     rec = decode_raw(msg.value(), msg.key(), msg.headers(), msg.offset())
     assert (rec.host, rec.path, rec.source, msg.key()) == ("node-07", "logs/syslog/node-07.log", "syslog", b"node-07")
     assert rec.text.endswith(f" node-07 kernel: {text}")
