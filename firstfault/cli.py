@@ -22,7 +22,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     bar = Bar("reading")
     try:
-        result = analyze_path(args.path, rules=args.rules, progress=bar)
+        result = analyze_path(args.path, rules=args.rules, progress=bar,
+                              warn=lambda m: print(f"firstfault: warning: {m}", file=sys.stderr))
     finally:
         bar.close()
     if args.json:

@@ -31,6 +31,12 @@ class BundleFile:
     path: str                                   # bundle-relative, posix
     size: int
     open_chunks: Callable[[], Iterator[bytes]]
+    source: str | None = None                   # sniffed source when the path does not say it
+
+    @property
+    def kind(self) -> str | None:
+        """The file's source: from its bundle path, else as sniffed from its content."""
+        return source_of(self.path) or self.source
 
 
 @dataclass
@@ -57,6 +63,16 @@ def parse_workload(data: bytes | str | Mapping, origin: str = "workload.json") -
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(root)"
         raise BundleError(f"{origin}: field '{where}': {first['msg']}") from None
+
+
+def source_of(path: str) -> str | None:
+    parts = PurePosixPath(path).parts
+    if len(parts) >= 2 and parts[0] == "logs":
+        return {"app": "app", "syslog": "syslog", "fabricmanager": "fabricmanager",
+                "scheduler": "scheduler"}.get(parts[1])
+    if len(parts) >= 1 and parts[0] == "metrics":
+        return "metrics"
+    return None
 
 
 def _is_evidence(rel: str) -> bool:

@@ -59,6 +59,7 @@ class Pattern:
     references: tuple[str, ...]
     match_examples: tuple[Example, ...]
     nomatch_examples: tuple[Example, ...]
+    stamp_field: str | None = None          # a field holding the time the line states for itself
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,7 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
     for g in group_by:
         if g not in groups and g not in constants:
             errs.add(file, rid, f"group_by names {g!r}, which is neither captured nor set")
-    for key in ("gpu", "rank", "host", "onset_ms"):
+    for key in ("gpu", "rank", "host", "onset_ms", "stamp"):
         name = item.get(key)
         if name is not None and name not in groups:
             errs.add(file, rid, f"{key} names {name!r}, which the regex does not capture")
@@ -338,7 +339,7 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
         regex=regex, kind=str(kind), types={k: TYPES.get(v, str) for k, v in types.items()},
         constants=constants, group_by=tuple(group_by), gpu_field=item.get("gpu"),
         rank_field=item.get("rank"), host_field=item.get("host"), onset_field=item.get("onset_ms"),
-        aggregate_ranks=bool(item.get("aggregate_ranks", True)), priority=int(item.get("priority", 0)),
+        stamp_field=item.get("stamp"), aggregate_ranks=bool(item.get("aggregate_ranks", True)), priority=int(item.get("priority", 0)),
         references=tuple(item.get("references") or ()), match_examples=match, nomatch_examples=nomatch,
     )
 

@@ -15,7 +15,9 @@ from typing import Any
 
 from firstfault.schemas import Diagnosis, RawLine, WorkloadRecord
 
-from .bundle import Bundle, bundle_from_files, open_bundle, parse_workload
+from .bundle import Bundle, bundle_from_files, parse_workload
+from .errors import BundleError
+from .intake import Intake, open_input
 from .catalog import Catalog, load_catalog
 from .diagnose import diagnose
 from .extract import ExtractStats, Extractor, LineMemory, source_of
@@ -35,7 +37,8 @@ class Analysis:
 
 
 def inventory_from_paths(workload: WorkloadRecord, paths: Iterable[str],
-                         metric_hosts: set[str] | None = None) -> dict[str, Any]:
+                         metric_hosts: set[str] | None = None,
+                         kinds: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """Which evidence exists, from the bundle paths that held at least one line.
 
     The offline path passes its non-empty files; the stream passes the paths its
@@ -45,9 +48,12 @@ def inventory_from_paths(workload: WorkloadRecord, paths: Iterable[str],
 
     hosts = HostResolver(workload)
     syslog_hosts, app_hosts = set(), set()
+    kinds = kinds or {}
     for path in paths:
-        src = source_of(path)
+        src = source_of(path) or kinds.get(path)
         host = hosts.file_host(path, src or "app")
+        if src == "syslog" and not host:
+            host = hosts.sole
         if src == "syslog" and host:
             syslog_hosts.add(host)
         elif src == "app" and host:
@@ -76,7 +82,7 @@ def _feeds(f, workload: WorkloadRecord) -> bool:
 
     if not f.size:
         return False
-    source = source_of(f.path)
+    source = f.kind
     if source not in NODE_SCOPED:
         return True
     hosts = HostResolver(workload)
@@ -97,11 +103,12 @@ def _feeds(f, workload: WorkloadRecord) -> bool:
 
 
 def _inventory(bundle: Bundle, metric_hosts: set[str] | None = None) -> dict[str, Any]:
-    paths = [f.path for f in bundle.files if source_of(f.path) != "metrics" and _feeds(f, bundle.workload)]
-    has_metrics = any(source_of(f.path) == "metrics" and f.size for f in bundle.files)
+    paths = [f.path for f in bundle.files if f.kind != "metrics" and _feeds(f, bundle.workload)]
+    has_metrics = any(f.kind == "metrics" and f.size for f in bundle.files)
     if has_metrics and metric_hosts is None:
         metric_hosts = _metric_hosts(bundle)
-    return inventory_from_paths(bundle.workload, paths, metric_hosts if has_metrics else None)
+    return inventory_from_paths(bundle.workload, paths, metric_hosts if has_metrics else None,
+                                kinds={f.path: f.kind for f in bundle.files})
 
 
 def metrics_window(workload: WorkloadRecord) -> tuple[Any, Any]:
@@ -129,7 +136,7 @@ def metric_events(workload: WorkloadRecord, read: MetricsRead,
 
 
 def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Progress | None = None,
-                   keep_events: bool = False) -> Analysis:
+                   keep_events: bool = False, intake: Intake | None = None) -> Analysis:
     catalog = catalog or load_catalog()
     extractor = Extractor(catalog, bundle.workload)
     events = EventSet()
@@ -146,13 +153,13 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
     metrics = MetricsRead()
     lo, hi = metrics_window(bundle.workload)
     for f in bundle.files:
-        if source_of(f.path) == "metrics":
+        if f.kind == "metrics":
             # One sample a line: series -> threshold crossings, after every file is read.
             read_metrics_file(f.path, f.open_chunks(), bundle.workload.zone, metrics, lo, hi, progress=step)
             continue
-        stats.absorb(extractor.scan_file(f.path, f.open_chunks(), events, progress=step))
+        stats.absorb(extractor.scan_file(f.path, f.open_chunks(), events, progress=step, source=f.kind))
     if metrics.lines:
-        opener = {f.path: f.open_chunks for f in bundle.files if source_of(f.path) == "metrics"}
+        opener = {f.path: f.open_chunks for f in bundle.files if f.kind == "metrics"}
         found = metric_events(bundle.workload, metrics, lambda path: opener[path]())
         for ev in found:
             events.add(ev)
@@ -161,14 +168,26 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
                                   unparsed=sum(metrics.unparsed.values()),
                                   unparsed_refs=[(p, n) for p, n, _, _ in sorted(metrics.bad)[:10]]))
     evs = events.sorted()
+    if intake is not None and intake.inferred and stats.lines == 0 and not metrics.lines:
+        # No scheduler record and no line: nothing to diagnose (a record alone still is evidence).
+        raise BundleError("nothing could be read: every log file is empty"
+                          + (f" ({'; '.join(intake.warnings)})" if intake.warnings else ""))
     inventory = _inventory(bundle, metrics.hosts if metrics.lines else None)
+    if intake is not None:
+        inventory.update(intake.facts())
     diagnosis = diagnose(bundle.workload, evs, catalog, inventory)
     return Analysis(diagnosis=diagnosis, stats=stats, events=evs if keep_events else [])
 
 
-def analyze_path(path: str | Path, rules: str | Path | None = None, progress: Progress | None = None) -> Analysis:
-    """Diagnose a bundle directory or archive. Raises BundleError for an unusable bundle."""
-    return analyze_bundle(open_bundle(path), load_catalog(rules), progress)
+def analyze_path(path: str | Path, rules: str | Path | None = None, progress: Progress | None = None,
+                 warn: Callable[[str], None] | None = None) -> Analysis:
+    """Diagnose what a user has: a bundle (directory or archive), one log file, or a folder of
+    logs in any layout. Raises BundleError for an unusable input; ``warn`` hears of skipped files."""
+    intake = open_input(path)
+    for message in intake.warnings:
+        if warn is not None:
+            warn(message)
+    return analyze_bundle(intake.bundle, load_catalog(rules), progress, intake=intake)
 
 
 def analyze_files(workload: Mapping[str, Any] | WorkloadRecord, files: Mapping[str, bytes | str],

@@ -17,26 +17,19 @@ from typing import Any
 
 from firstfault.schemas import WorkloadRecord
 
+from .bundle import source_of
 from .catalog import Catalog, Pattern
 from .model import Ev, EventSet
 from .prefilter import Prefilter
 from .prefixes import Head, StampContext, read_head
+from .stamps import parse_iso
 
+MIXED = "mixed"               # a file of unknown kind: any source's patterns apply
 MAX_LINE = 64 * 1024          # longer lines are read truncated (and flagged)
 LOOKBACK = 64                 # lines searched upward for a stamp to inherit
 _HAS_TIME = re.compile(r"\d:\d\d:\d\d|\[\s*\d+\.\d+\]")
 _RANK_FILE = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 _PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?$")
-
-
-def source_of(path: str) -> str | None:
-    parts = PurePosixPath(path).parts
-    if len(parts) >= 2 and parts[0] == "logs":
-        return {"app": "app", "syslog": "syslog", "fabricmanager": "fabricmanager",
-                "scheduler": "scheduler"}.get(parts[1])
-    if len(parts) >= 1 and parts[0] == "metrics":
-        return "metrics"
-    return None
 
 
 def normalize_pci(value: Any) -> str | None:
@@ -58,6 +51,8 @@ class HostResolver:
         self.short = {n.split(".")[0]: n for n in workload.nodes}
         self.pods = dict(workload.pods)
         self.workload = workload
+        # The one node of a one-node job is where every unplaced line happened.
+        self.sole = workload.nodes[0] if len(workload.nodes) == 1 else None
 
     def node(self, name: str | None) -> str | None:
         if not name:
@@ -73,8 +68,8 @@ class HostResolver:
 
     def file_host(self, path: str, source: str) -> str | None:
         stem = PurePosixPath(path).stem
-        if source in ("syslog", "fabricmanager"):
-            return self.node(stem)
+        if source in ("syslog", "fabricmanager") and source_of(path) == source:
+            return self.node(stem)          # the contract names a node-scoped file by its host
         resolved = self.node(stem)
         return resolved if resolved in self.nodes else None
 
@@ -157,7 +152,9 @@ class Extractor:
         key = (anchor_ids, source)
         found = self._cand_cache.get(key)
         if found is None:
-            pats = {p.id: p for aid in anchor_ids for p in self.by_anchor[aid] if source in p.sources}
+            # A file of unknown kind (a pasted console log) may hold any source's lines.
+            pats = {p.id: p for aid in anchor_ids for p in self.by_anchor[aid]
+                    if source in p.sources or source == MIXED}
             found = tuple(sorted(pats.values(), key=lambda p: self._priority[p.id]))
             self._cand_cache[key] = found
         return found
@@ -175,10 +172,12 @@ class Extractor:
 
     # ------------------------------------------------------------ offline files
     def scan_file(self, path: str, chunks: Iterable[bytes], events: EventSet,
-                  progress=None) -> ExtractStats:
-        """Read one bundle file given as byte chunks (any split); merge its events into ``events``."""
+                  progress=None, source: str | None = None) -> ExtractStats:
+        """Read one bundle file given as byte chunks (any split); merge its events into ``events``.
+
+        ``source`` is the file's kind when its path does not say it (a sniffed file)."""
         stats = ExtractStats(files=1)
-        source = source_of(path) or "app"
+        source = source_of(path) or source or "app"
         file_host = self.hosts.file_host(path, source)
         ctx = self.context(file_host)
         tail: list[bytes] = []
@@ -233,6 +232,8 @@ class Extractor:
                         above.inherit(head, ctx)
                     else:
                         _inherit(head, above(), ctx)
+                if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
+                    _own_stamp(head, m.groupdict().get(pat.stamp_field), ctx)
                 return self._event(pat, m, head, path, source, file_host, line_no, text, damaged)
         if damaged:
             stats.unparsed += 1
@@ -266,6 +267,9 @@ class Extractor:
             fields.setdefault("pid_prefix", head.pid)
         if head.dev is not None:
             fields.setdefault("cuda_dev", head.dev)
+        if source == MIXED:
+            # A pasted kernel line in a console log is still a kernel line.
+            source = "app" if "app" in pat.sources else sorted(pat.sources)[0]
         rank = head.rank
         if rank is None and pat.rank_field and isinstance(fields.get(pat.rank_field), int):
             rank = fields[pat.rank_field]
@@ -282,7 +286,7 @@ class Extractor:
         if host is None and head.host:
             host = self.hosts.node(head.host)
         if host is None:
-            host = file_host or self.hosts.rank_host(rank)
+            host = file_host or self.hosts.rank_host(rank) or self.hosts.sole
         pci = normalize_pci(fields.get(pat.gpu_field)) if pat.gpu_field else None
         onset = head.stamp
         if head.stamp is not None and pat.onset_field and isinstance(fields.get(pat.onset_field), (int, float)):
@@ -294,6 +298,13 @@ class Extractor:
                   text=text[:2000], host=host, pci=pci, rank=rank, stamp=head.stamp,
                   last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
                   count=1, ranks={rank} if rank is not None else set(), signature=signature)
+
+
+def _own_stamp(head: Head, text: str | None, ctx: StampContext) -> None:
+    """A line that states its own time (slurmstepd's 'CANCELLED AT ...') is placed by it."""
+    stamp = parse_iso(text, ctx.zone) if text else None
+    if stamp is not None:
+        head.stamp, head.quality = stamp, "exact"
 
 
 def _inherit(head: Head, lines_above: Iterator[str], ctx: StampContext) -> None:

@@ -115,6 +115,26 @@ class FinalContext:
 
 # ---------------------------------------------------------------- explains engine
 
+POINT = ("exact", "no_year", "uptime")     # stamp qualities that place a line in time
+
+
+def placed(ev: Ev) -> bool:
+    """Is the event's time a point (its own stamp), not a bound inherited from the line above?"""
+    return ev.corrected_onset is not None and ev.quality in POINT
+
+
+def in_file_order(src: Ev, tgt: Ev) -> bool | None:
+    """Within one file line order is causal order: does ``tgt`` come after ``src``? None across files."""
+    if src.path != tgt.path or src.source == "scheduler" or tgt.source == "scheduler":
+        return None
+    return tgt.line > src.line
+
+
+def _same_place(ctx: FinalContext, src: Ev, tgt: Ev) -> bool:
+    # Lines that name no host are on the one node of a one-node job (or the one unnamed node).
+    return src.host == tgt.host and (bool(src.host) or len(ctx.workload.nodes) <= 1)
+
+
 def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     """Does ``src`` explain ``tgt`` under the rule's join and window?"""
     s_on = ctx.when(src)
@@ -127,7 +147,7 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         if have is None or have != value_of(tgt, key):
             return False
     if join in ("same_host", "same_gpu"):
-        if not src.host or src.host != tgt.host:
+        if not _same_place(ctx, src, tgt):
             return False
         if join == "same_gpu" and src.pci and tgt.pci and src.pci != tgt.pci:
             return False
@@ -136,6 +156,8 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         if join == "same_gpu" and src.source == tgt.source == "metrics" and src.gpu_index is not None \
                 and tgt.gpu_index is not None and src.gpu_index != tgt.gpu_index:
             return False
+    if join in ("after_onset", "within_timeout_window") and not (placed(src) and tgt.stamp is not None):
+        return _unclocked_follows(ctx, rule, src, tgt)
     if join == "within_timeout_window":
         # The hang began when the collective was enqueued: the line's stamp minus how long it
         # ran (or minus the timeout when the line does not say). A fault causes the hang if it
@@ -159,6 +181,23 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     if t_on < s_on - tol - before:
         return False
     if rule.window_s is not None and t_on - s_on > timedelta(seconds=float(rule.window_s)) + tol:
+        return False
+    return True
+
+
+def _unclocked_follows(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
+    """Order joins when a clock cannot decide: the source or the target has no time of its own.
+
+    Within one file, line order decides. Across files an unstamped line lies somewhere after
+    the stamped line above it (its inherited stamp is a lower bound): the join holds unless
+    the stamps that exist contradict it (the source's lower bound is after the target).
+    """
+    order = in_file_order(src, tgt)
+    if order is not None:
+        return order
+    s_low = ctx.when(src)
+    t_time = ctx.seen(tgt) if placed(tgt) else None
+    if s_low is not None and t_time is not None and s_low > t_time + ctx.tol():
         return False
     return True
 

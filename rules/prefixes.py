@@ -138,12 +138,16 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
             head.quality = "no_year"
         if m["pid"] and head.pid is None:
             head.pid = int(m["pid"])
+        if m["host"] and m["prog"] and head.host is None and not m["host"].endswith(":"):
+            head.host = m["host"]
     elif name in ("iso_host", "iso_bracket", "iso_bare"):
         if head.stamp is None:
             head.stamp = parse_iso(m["iso"], ctx.zone)
             head.quality = "exact" if head.stamp else "none"
         if name == "iso_host" and m["pid"] and head.pid is None:
             head.pid = int(m["pid"])
+        if name == "iso_host" and head.host is None:
+            head.host = m["host"]
     elif name == "dmesg_ctime":
         if head.stamp is None:
             hh, mi, ss = _hms(m)

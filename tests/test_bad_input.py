@@ -15,11 +15,12 @@ def run(*args):
     return subprocess.run([sys.executable, "-m", "firstfault", *map(str, args)], capture_output=True, text=True)
 
 
-def test_missing_workload_json_exits_2_with_one_line(tmp_path):
+def test_folder_without_workload_json_or_logs_exits_2_with_one_line(tmp_path):
+    # Without workload.json a folder is read as a folder of logs (contract section 4): with none, exit 2.
     (tmp_path / "logs").mkdir()
     r = run("analyze", tmp_path)
     assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and "workload.json is missing" in r.stderr
+    assert r.stderr.count("\n") == 1 and "no log file to read" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -36,7 +37,7 @@ def test_invalid_workload_json_exits_2(tmp_path, content, says):
 
 def test_no_such_path_exits_2(tmp_path):
     r = run("analyze", tmp_path / "nope")
-    assert r.returncode == 2 and "no such bundle" in r.stderr
+    assert r.returncode == 2 and "no such file or folder" in r.stderr
 
 
 @pytest.mark.parametrize("files", [

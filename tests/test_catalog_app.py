@@ -224,7 +224,7 @@ def test_rule_structure(rid):
             re.compile(value["regex"])
     tag = rule["tag"]
     assert tag["role"] in ROLES
-    assert tag.get("strength", "strong") in ("strong", "weak")
+    assert tag.get("strength", "strong") in ("strong", "weak", "echo")
     if tag["role"] == "root":
         taxonomy = _load(TAXONOMY)["domains"]
         assert tag["sub_domain"] in taxonomy.get(tag["domain"], {}), f"{rid}: {tag} not in the taxonomy"

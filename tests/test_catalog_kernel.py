@@ -240,7 +240,7 @@ def test_rule_shape(rule):
         assert when["pattern"] in COMPILED
     tag = rule["tag"]
     assert tag["role"] in ROLES
-    assert tag.get("strength", "strong") in ("strong", "weak")
+    assert tag.get("strength", "strong") in ("strong", "weak", "echo")
     if tag["role"] == "root":
         assert tag["sub_domain"] in (TAXO.get(tag["domain"]) or {}), (tag["domain"], tag["sub_domain"])
     assert isinstance(rule["output"], str) and rule["output"].strip()

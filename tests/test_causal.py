@@ -117,8 +117,10 @@ def test_weak_evidence_alone_never_drains_a_node():
     ib = ("0: [2026-11-02 10:03:40,000] INFO step 1\n0: node-01:4711:4790 [0] transport/net_ib.cc:1696 NCCL WARN "
           "NET/IB : Got completion from peer 10.0.0.2<55420> with error 12, opcode 0, len 0, vendor err 129 (Send)\n")
     d = diag({"logs/app/node-01.log": ib})
-    assert d.status == "attributed" and d.sub_domain == "ib_link_error"
-    assert d.recovery.action != "drain_nodes"
+    # Contract section 2: weak evidence alone is unattributed, with the reporting host as suspect.
+    assert (d.status, d.sub_domain) == ("unattributed", "unattributed")
+    assert "node-01" in d.suspect_nodes and d.responsible_nodes == []
+    assert d.recovery.action == "notify_owner"
 
 
 def _root_sub_domains():

@@ -19,7 +19,9 @@ class Tag:
     role: str                                   # root | symptom | context | marker | noise
     domain: str | None = None                   # taxonomy domain (roots)
     sub_domain: str | None = None               # taxonomy sub_domain (roots)
-    strength: str = "strong"                    # strong | weak: a weak root yields to any strong root before it
+    # strong | weak: a weak root yields to any strong root before it | echo: weak, and text other
+    # faults also produce, so never attributed on its own (contract section 2)
+    strength: str = "strong"
     fields: Mapping[str, Any] = field(default_factory=dict)   # decoded fields to add to the event
     output: str | None = None                   # one human sentence; {host} {gpu} {rank} and field names are filled in
 
@@ -28,7 +30,7 @@ class Tag:
             raise ValueError(f"unknown role {self.role!r}")
         if self.role == "root" and not (self.domain and self.sub_domain):
             raise ValueError("a root tag needs a domain and a sub_domain")
-        if self.strength not in ("strong", "weak"):
+        if self.strength not in ("strong", "weak", "echo"):
             raise ValueError(f"unknown strength {self.strength!r}")
 
 

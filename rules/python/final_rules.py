@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from datetime import timedelta
 
 from ..early import render
-from ..final import FinalContext, coverage, reachable, root_order, run_explains
+from ..final import FinalContext, coverage, placed, reachable, root_order, run_explains
 from ..model import Ev
 from . import final_rule
 
@@ -208,32 +208,43 @@ def choose(ctx: FinalContext) -> None:
         return
     settings = ctx.settings
     roots = sorted(ctx.independent_roots, key=root_order)
-    timed = [r for r in roots if r.corrected_onset is not None]
-    untimed = [r for r in roots if r.corrected_onset is None]
     for r in roots:
         ctx.coverage_of[id(r)] = coverage(ctx, [r])
-    best = max((ctx.coverage_of[id(r)] for r in timed), default=0.0)
-    fits = [r for r in timed if ctx.coverage_of[id(r)] >= float(settings["min_coverage"])
+    best = max((ctx.coverage_of[id(r)] for r in roots), default=0.0)
+    fits = [r for r in roots if ctx.coverage_of[id(r)] >= float(settings["min_coverage"])
             and ctx.coverage_of[id(r)] >= best - float(settings["ambiguity_margin"])]
-    if untimed:
-        ctx.suspects.update(r.host for r in untimed if r.host)
-        ctx.step("final.choose", "untimed", untimed,
-                 reason="root candidates without a usable time cannot be placed against the cascade")
+    unclocked = [r for r in fits if not placed(r)]
+    if unclocked:
+        ctx.step("final.choose", "ordered_by_position", unclocked,
+                 reason="no stamp of their own: placed by line order within their file and by the "
+                        "stamped lines around them, which do not contradict them")
+    if fits and all(r.strength == "echo" for r in fits):
+        # Weak evidence alone (contract section 2): text that other faults also produce.
+        ctx.status = "unattributed"
+        ctx.coverage = best
+        ctx.suspects.update(r.host for r in fits if r.host)
+        ctx.suspects.update(peer_hosts(ctx, fits))
+        ctx.step("final.choose", "unattributed", fits,
+                 reason="only weak evidence (an echo other faults also produce) and nothing firmer joins it",
+                 weak=[r.sub_domain for r in fits])
+        return
     if not fits:
         ctx.status = "unattributed"
         ctx.coverage = best
         # Root evidence that does not explain the failure is still evidence against its host.
-        ctx.suspects.update(r.host for r in timed if r.host)
-        ctx.step("final.choose", "unattributed", timed + untimed,
+        ctx.suspects.update(r.host for r in roots if r.host)
+        ctx.step("final.choose", "unattributed", roots,
                  reason="no root candidate" if not roots else "no root candidate explains enough of the symptoms",
                  best_coverage=best, min_coverage=float(settings["min_coverage"]))
         return
+    # Echo evidence beside firmer candidates is not a candidate of its own.
+    firm = [r for r in fits if r.strength != "echo"]
     groups: dict[str, list[Ev]] = defaultdict(list)
-    for r in fits:
+    for r in firm:
         groups[r.sub_domain or "?"].append(r)
     if len(groups) == 1:
         ctx.status = "attributed"
-        ctx.chosen = sorted(fits, key=root_order)
+        ctx.chosen = sorted(firm, key=root_order)
         ctx.coverage = coverage(ctx, ctx.chosen)
         ctx.step("final.choose", "attribute", ctx.chosen, coverage=ctx.coverage,
                  considered=len(roots), fitting=len(fits))
@@ -244,8 +255,23 @@ def choose(ctx: FinalContext) -> None:
         cov = max(ctx.coverage_of[id(m)] for m in members)
         ctx.candidates.append({"members": members, "sub_domain": sub, "domain": members[0].domain, "coverage": cov})
     ctx.coverage = max(c["coverage"] for c in ctx.candidates)
-    ctx.step("final.choose", "ambiguous", fits, candidates=[c["sub_domain"] for c in ctx.candidates],
+    ctx.step("final.choose", "ambiguous", firm, candidates=[c["sub_domain"] for c in ctx.candidates],
              coverages=[c["coverage"] for c in ctx.candidates])
+
+
+def peer_hosts(ctx: FinalContext, evs: list[Ev]) -> set[str]:
+    """Hosts a line names as its peer (NCCL's 'peer 10.1.2.3<port>'), IP mapped where the logs allow."""
+    ip_hosts = ctx.settings.get("_inventory", {}).get("ip_hosts", {})
+    out = set()
+    for ev in evs:
+        peer = ev.fields.get("peer")
+        if not isinstance(peer, str) or not peer:
+            continue
+        name = peer.split("<", 1)[0]
+        host = ip_hosts.get(name) or (name if name in ctx.workload.nodes else None)
+        if host:
+            out.add(host)
+    return out
 
 
 @final_rule(
@@ -309,7 +335,8 @@ _SEQ_KINDS = ("watchdog_status", "watchdog_timeout", "dump_signal")
 def missing(ctx: FinalContext) -> None:
     info = ctx.settings.get("_inventory", {})
     wl = ctx.workload
-    out: list[dict] = []
+    # What analyze inferred because the input had no scheduler record (contract: kind `workload`).
+    out: list[dict] = [dict(m) for m in info.get("inferred", ())]
     syslog_hosts = set(info.get("syslog_hosts", ()))
     no_syslog = sorted(h for h in wl.nodes if h not in syslog_hosts)
     if no_syslog:
@@ -362,7 +389,7 @@ def recovery(ctx: FinalContext) -> None:
     entry = ctx.catalog.taxonomy.get(root.domain or "", {}).get(root.sub_domain or "", {})
     action = entry.get("recovery", "notify_owner")
     nodes = responsible(ctx)
-    if action == "drain_nodes" and all(r.strength == "weak" for r in ctx.chosen):
+    if action == "drain_nodes" and all(r.strength != "strong" for r in ctx.chosen):
         action = "retry_excluding_nodes"
     if action in ("drain_nodes", "retry_excluding_nodes") and not nodes:
         action = "retry"

@@ -1,0 +1,284 @@
+"""What a user has -> a Bundle: one log file, a folder of logs in any layout, or a bundle.
+
+Contract section 4: ``analyze`` takes a bare log file or a folder without
+``workload.json``. Each file's source is sniffed from its content (kernel/syslog,
+Fabric Manager, scheduler, else application with pasted kernel lines allowed:
+``mixed``); when there is no scheduler record, one is inferred from the lines
+(hosts they name, rank -> host, the stamped time window) and every inference is
+listed so the diagnosis can say what it assumed.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+
+from firstfault.schemas import WorkloadRecord
+
+from .bundle import Bundle, BundleFile, _file_chunks, open_archive, open_bundle, parse_workload
+from .errors import BundleError
+from .extract import _whole_lines, source_of
+from .prefixes import StampContext, read_head
+
+SNIFF_LINES = 400                  # lines read to decide a file's source
+SCAN_LINES = 200_000               # lines read per file to infer hosts, ranks and the window
+MAX_FILES = 10_000
+_FALLBACK_ANCHOR = datetime(2024, 1, 1, tzinfo=timezone.utc)   # only for logs whose stamps carry no year
+
+_KERNELISH = re.compile(
+    r"^(?:\[\s*\d+\.\d+\]|<\d>\[|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
+    r"|\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S+ \S+?(?:\[\d+\])?: "
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* \S+ \S+?(?:\[\d+\])?: )"
+    r"|\bkernel: |\bNVRM: ")
+_FM = re.compile(r"^\[\w{3} \d\d \d{4} \d\d:\d\d:\d\d\] \[(?:INFO|ERROR|WARNING|WARN|DEBUG|FATAL)\]")
+_SCHED = re.compile(r"^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\] (?:_job_complete|sched|_slurm_rpc|job_|JobId=|Batch JobId|error: Nodes)"
+                    r"|^\s*LAST SEEN\s+TYPE\s+REASON")
+_BINARY = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")
+_SKIP_SUFFIX = (".png", ".jpg", ".jpeg", ".gif", ".pdf", ".gz", ".tgz", ".zip", ".tar", ".bz2", ".xz",
+                ".pt", ".pth", ".bin", ".safetensors", ".so", ".pyc")
+
+# Hosts named in the lines themselves (beyond the prefixes read_head knows).
+_SLURM_ON = re.compile(r"\*\*\* (?:JOB|STEP) [\w.+]+ ON (?P<host>[A-Za-z0-9][\w.-]*) ")
+_TORCHRUN_HOST = re.compile(r"^\s*(?:\[\d+\]:)?\s*host\s*:\s*(?P<host>[A-Za-z0-9][\w.-]*)\s*$")
+_TORCHRUN_RANK = re.compile(r"^\s*(?:\[\d+\]:)?\s*rank\s*:\s*(?P<rank>\d+) \(local_rank")
+_NCCL_INIT = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<rank>\d+) nranks \d+ cudaDev \d+")
+_NCCL_BOOT = re.compile(r"NCCL INFO (?:Bootstrap : Using|NET/Socket : Using|NET/IB : Using) .*?\b(?:\w+):(?P<ip>\d+\.\d+\.\d+\.\d+)")
+_NOT_HOSTS = {"localhost", "kernel", "user", "root", "unknown", "(none)", "none"}
+
+
+@dataclass
+class Intake:
+    bundle: Bundle
+    inferred: list[dict] = field(default_factory=list)     # missing_evidence entries of kind "workload"
+    warnings: list[str] = field(default_factory=list)     # files skipped, and why
+    host_origin: dict[str, str] = field(default_factory=dict)
+    ip_hosts: dict[str, str] = field(default_factory=dict)
+
+    def facts(self) -> dict:
+        """What the diagnosis should know of the inferences (it lands in the inventory)."""
+        out: dict = {}
+        if self.inferred:
+            out["inferred"] = self.inferred
+        if self.host_origin:
+            out["host_origin"] = dict(sorted(self.host_origin.items()))
+        if self.ip_hosts:
+            out["ip_hosts"] = dict(sorted(self.ip_hosts.items()))
+        return out
+
+
+def sniff(lines: list[str]) -> str:
+    """A file's source from its first lines: syslog, fabricmanager, scheduler, else mixed."""
+    body = [ln for ln in lines if ln.strip()]
+    if not body:
+        return "mixed"
+    n = len(body)
+    if sum(1 for ln in body if _FM.match(ln)) >= 0.6 * n:
+        return "fabricmanager"
+    if sum(1 for ln in body if _SCHED.search(ln)) >= 0.5 * n:
+        return "scheduler"
+    if sum(1 for ln in body if _KERNELISH.search(ln)) >= 0.6 * n:
+        return "syslog"
+    return "mixed"
+
+
+def _head_lines(path: Path, limit: int) -> tuple[list[str], bool]:
+    """The first ``limit`` lines (decoded leniently) and whether the file looks binary."""
+    with path.open("rb") as fh:
+        blob = fh.read(256 * 1024)
+    if b"\x00" in blob[:8192] or len(_BINARY.findall(blob[:8192])) > 32:
+        return [], True
+    return blob.decode("utf-8", "replace").splitlines()[:limit], False
+
+
+def open_input(path: str | Path) -> Intake:
+    """Any input a user has -> an Intake (a bundle, plus what was inferred to build it)."""
+    p = Path(path)
+    if not p.exists():
+        raise BundleError(f"no such file or folder: {p}")
+    name = p.name.lower()
+    if p.is_file() and name.endswith((".tar.gz", ".tgz", ".tar", ".zip")):
+        return _from_archive(p)
+    if p.is_dir() and (p / "workload.json").is_file() and _contract_only(p):
+        return Intake(bundle=open_bundle(p))
+    if p.is_file():
+        files = [(p.name, p)]
+        root_name = p.stem or p.name
+    elif p.is_dir():
+        files = []
+        for f in sorted(p.rglob("*")):
+            rel = f.relative_to(p)
+            if f.is_file() and not f.is_symlink() and not any(part.startswith(".") for part in rel.parts):
+                files.append((rel.as_posix(), f))
+                if len(files) > MAX_FILES:
+                    raise BundleError(f"{p}: more than {MAX_FILES} files")
+        root_name = p.name
+    else:
+        raise BundleError(f"{p} is neither a file nor a folder")
+    return _assemble(files, root_name, p if p.is_dir() else None)
+
+
+def _contract_only(root: Path) -> bool:
+    """Does every log sit where the contract puts it? Then the bundle needs no sniffing
+    (other JSON, Markdown and binary files beside it are not evidence, as before)."""
+    for f in root.rglob("*"):
+        if not f.is_file():
+            continue
+        rel = f.relative_to(root).as_posix()
+        if any(part.startswith(".") for part in PurePosixPath(rel).parts) or source_of(rel) is not None:
+            continue
+        if rel.lower().endswith((".json", ".md") + _SKIP_SUFFIX):
+            continue
+        return False
+    return True
+
+
+def _from_archive(p: Path) -> Intake:
+    kind = "zip" if p.name.lower().endswith(".zip") else "tar"
+    return Intake(bundle=open_archive(p.read_bytes(), kind, str(p)))
+
+
+def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) -> Intake:
+    warnings: list[str] = []
+    workload_path = root / "workload.json" if root is not None else None
+    workload = parse_workload(workload_path.read_bytes()) if workload_path and workload_path.is_file() else None
+    chosen: list[BundleFile] = []
+    for rel, f in files:
+        if rel == "workload.json":
+            continue
+        src = source_of(rel)
+        if src == "metrics":
+            chosen.append(BundleFile(path=rel, size=f.stat().st_size, open_chunks=_file_chunks(f)))
+            continue
+        low = rel.lower()
+        if low.endswith(_SKIP_SUFFIX):
+            warnings.append(f"skipped {rel}: not a text log ({PurePosixPath(rel).suffix})")
+            continue
+        if low.endswith(".json") and src is None:
+            warnings.append(f"skipped {rel}: a JSON file that is not workload.json")
+            continue
+        head, binary = _head_lines(f, SNIFF_LINES)
+        if binary:
+            warnings.append(f"skipped {rel}: binary content")
+            continue
+        if not head:
+            warnings.append(f"skipped {rel}: empty")
+            continue
+        chosen.append(BundleFile(path=rel, size=f.stat().st_size, open_chunks=_file_chunks(f),
+                                 source=src or sniff(head)))
+    chosen.sort(key=lambda b: b.path)
+    if not chosen:
+        raise BundleError(f"{root_name}: no log file to read" + (f" ({'; '.join(warnings)})" if warnings else ""))
+    intake = Intake(bundle=Bundle(workload=workload or _placeholder(root_name), files=chosen), warnings=warnings)
+    facts = _scan_facts(chosen, workload)
+    intake.ip_hosts = facts.ip_hosts
+    if workload is None:
+        intake.bundle.workload, intake.inferred, intake.host_origin = _infer_workload(root_name, facts)
+    else:
+        intake.host_origin = {h: how for h, how in facts.host_origin.items() if h in workload.nodes}
+    return intake
+
+
+def _placeholder(name: str) -> WorkloadRecord:
+    return WorkloadRecord(workload_id=name[:256] or "input", state="UNKNOWN", scheduler="unknown",
+                          start_time=_FALLBACK_ANCHOR)
+
+
+@dataclass
+class _Facts:
+    hosts: Counter = field(default_factory=Counter)
+    host_origin: dict[str, str] = field(default_factory=dict)
+    ranks: dict[int, str] = field(default_factory=dict)
+    ip_hosts: dict[str, str] = field(default_factory=dict)
+    first: datetime | None = None
+    last: datetime | None = None
+    anchor: datetime | None = None
+
+
+def _note_host(facts: _Facts, host: str | None, how: str) -> str | None:
+    if not host or host.lower() in _NOT_HOSTS or host.isdigit() or len(host) > 128:
+        return None
+    facts.hosts[host] += 1
+    facts.host_origin.setdefault(host, how)
+    return host
+
+
+def _scan_facts(files: list[BundleFile], workload: WorkloadRecord | None) -> _Facts:
+    """One pass over the logs: hosts they name, rank -> host, the stamped window, IP -> host."""
+    facts = _Facts()
+    # Year-less stamps take the year nearest an anchor: the record's start, else the first
+    # stamp that carries a year, else a fixed date (order is all that matters then).
+    anchor = workload.start_time if workload else None
+    pending: list[tuple[str, str]] = []
+    for bf in files:
+        if bf.source == "metrics" or source_of(bf.path) == "metrics":
+            continue
+        n = 0
+        for chunk in _whole_lines(bf.open_chunks()):
+            for raw in chunk.split(b"\n"):
+                n += 1
+                if n > SCAN_LINES:
+                    break
+                pending.append((bf.source or source_of(bf.path) or "app", raw[:4096].decode("utf-8", "replace")))
+            if n > SCAN_LINES:
+                break
+        if anchor is None:
+            for _src, text in pending:
+                h = read_head(text, StampContext(zone=timezone.utc, anchor=_FALLBACK_ANCHOR))
+                if h.stamp is not None and h.quality == "exact":
+                    anchor = h.stamp
+                    break
+        _read_lines(facts, pending, anchor or _FALLBACK_ANCHOR)
+        pending = []
+    facts.anchor = anchor
+    return facts
+
+
+def _read_lines(facts: _Facts, lines: list[tuple[str, str]], anchor: datetime) -> None:
+    ctx = StampContext(zone=timezone.utc, anchor=anchor)
+    block_rank: int | None = None
+    for src, text in lines:
+        head = read_head(text, ctx)
+        if head.stamp is not None and head.quality in ("exact", "no_year"):
+            facts.first = head.stamp if facts.first is None else min(facts.first, head.stamp)
+            facts.last = head.stamp if facts.last is None else max(facts.last, head.stamp)
+        host = None
+        if head.host:
+            host = _note_host(facts, head.host, "NCCL line prefix" if head.dev is not None else "syslog header")
+        msg = head.message
+        m = _SLURM_ON.search(msg)
+        if m:
+            _note_host(facts, m["host"], "slurmstepd banner")
+        m = _TORCHRUN_RANK.match(msg)
+        if m:
+            block_rank = int(m["rank"])
+        m = _TORCHRUN_HOST.match(msg)
+        if m:
+            h = _note_host(facts, m["host"], "torchrun failure summary")
+            if h and block_rank is not None:
+                facts.ranks.setdefault(block_rank, h)
+            block_rank = None
+        if host and head.dev is not None:
+            m = _NCCL_INIT.search(msg)
+            if m:
+                facts.ranks.setdefault(int(m["rank"]), host)
+            m = _NCCL_BOOT.search(msg)
+            if m:
+                facts.ip_hosts.setdefault(m["ip"], host)
+
+
+def _infer_workload(name: str, facts: _Facts) -> tuple[WorkloadRecord, list[dict], dict[str, str]]:
+    hosts = sorted(facts.hosts)
+    start = facts.first or facts.anchor or _FALLBACK_ANCHOR
+    end = facts.last
+    wl = WorkloadRecord(workload_id=name[:256] or "input", state="UNKNOWN", scheduler="unknown",
+                        start_time=start, end_time=end, nodes=hosts,
+                        ranks={r: h for r, h in sorted(facts.ranks.items()) if h in facts.hosts})
+    how = "; ".join(f"{h} from {facts.host_origin[h]}" for h in hosts)
+    notes = [{"kind": "workload", "hosts": hosts, "ranks": sorted(wl.ranks),
+              "detail": "no workload.json: state unknown; "
+                        + (f"nodes inferred from the lines ({how})" if hosts else "no host named in the lines (one unnamed node assumed)")
+                        + ("; time window from the first and last stamped lines" if facts.first else "; no stamped line: order from line positions only")
+                        + (f"; rank to host for {len(wl.ranks)} ranks from NCCL init / torchrun lines" if wl.ranks else "")}]
+    return wl, notes, {h: facts.host_origin[h] for h in hosts}
