@@ -100,7 +100,7 @@ def open_input(path: str | Path) -> Intake:
     name = p.name.lower()
     if p.is_file() and name.endswith((".tar.gz", ".tgz", ".tar", ".zip")):
         return _from_archive(p)
-    if p.is_dir() and (p / "workload.json").is_file() and _contract_only(p):
+    if p.is_dir() and (p / "workload.json").is_file() and _contract_only(p) and not _partial_record(p):
         return Intake(bundle=open_bundle(p))
     if p.is_file():
         files = [(p.name, p)]
@@ -142,7 +142,10 @@ def _from_archive(p: Path) -> Intake:
 def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) -> Intake:
     warnings: list[str] = []
     workload_path = root / "workload.json" if root is not None else None
-    workload = parse_workload(workload_path.read_bytes()) if workload_path and workload_path.is_file() else None
+    partial = _partial_record(root) if root is not None else None
+    workload = None
+    if workload_path is not None and workload_path.is_file() and partial is None:
+        workload = parse_workload(workload_path.read_bytes())
     chosen: list[BundleFile] = []
     for rel, f in files:
         if rel == "workload.json":
@@ -174,7 +177,7 @@ def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) 
     facts = _scan_facts(chosen, workload)
     intake.ip_hosts = facts.ip_hosts
     if workload is None:
-        intake.bundle.workload, intake.inferred, intake.host_origin = _infer_workload(root_name, facts)
+        intake.bundle.workload, intake.inferred, intake.host_origin = _infer_workload(root_name, facts, partial)
     else:
         intake.host_origin = {h: how for h, how in facts.host_origin.items() if h in workload.nodes}
     return intake
@@ -268,17 +271,50 @@ def _read_lines(facts: _Facts, lines: list[tuple[str, str]], anchor: datetime) -
                 facts.ip_hosts.setdefault(m["ip"], host)
 
 
-def _infer_workload(name: str, facts: _Facts) -> tuple[WorkloadRecord, list[dict], dict[str, str]]:
+REQUIRED = ("workload_id", "state", "start_time")
+
+
+def _partial_record(root: Path) -> dict | None:
+    """A workload.json that is a JSON object but lacks required keys (users write such records):
+    its keys are kept and the rest inferred from the lines. None when complete or not an object."""
+    import json
+
+    path = root / "workload.json"
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError):
+        return None                        # parse_workload says what is wrong with it
+    if not isinstance(raw, dict) or all(raw.get(k) not in (None, "") for k in REQUIRED):
+        return None
+    return raw
+
+
+def _infer_workload(name: str, facts: _Facts, partial: dict | None = None) -> tuple[WorkloadRecord, list[dict], dict[str, str]]:
+    given = {k: v for k, v in (partial or {}).items() if v not in (None, "")}
     hosts = sorted(facts.hosts)
-    start = facts.first or facts.anchor or _FALLBACK_ANCHOR
-    end = facts.last
-    wl = WorkloadRecord(workload_id=name[:256] or "input", state="UNKNOWN", scheduler="unknown",
-                        start_time=start, end_time=end, nodes=hosts,
-                        ranks={r: h for r, h in sorted(facts.ranks.items()) if h in facts.hosts})
-    how = "; ".join(f"{h} from {facts.host_origin[h]}" for h in hosts)
+    record = {"workload_id": name[:256] or "input", "state": "UNKNOWN", "scheduler": "unknown",
+              "start_time": facts.first or facts.anchor or _FALLBACK_ANCHOR, "end_time": facts.last,
+              "nodes": hosts, "ranks": {r: h for r, h in sorted(facts.ranks.items()) if h in facts.hosts}}
+    record.update(given)
+    origin = "workload.json" if partial is not None else "the inferred workload"
+    try:
+        wl = parse_workload(record, origin)
+    except BundleError:
+        if "start_time" in given or "end_time" not in given:
+            raise
+        record["end_time"] = None          # the record's end is before the first stamped line
+        wl = parse_workload(record, origin)
+    hosts = list(wl.nodes)
+    missing = [k for k in REQUIRED if k not in given]
+    how = "; ".join(f"{h} from {facts.host_origin[h]}" for h in hosts if h in facts.host_origin)
+    head = (f"workload.json lacks {', '.join(missing)}: inferred from the lines; " if partial is not None
+            else "no workload.json: ")
     notes = [{"kind": "workload", "hosts": hosts, "ranks": sorted(wl.ranks),
-              "detail": "no workload.json: state unknown; "
-                        + (f"nodes inferred from the lines ({how})" if hosts else "no host named in the lines (one unnamed node assumed)")
+              "detail": head + ("state unknown; " if "state" not in given else "")
+                        + ("nodes from workload.json" if "nodes" in given else
+                           f"nodes inferred from the lines ({how})" if hosts else "no host named in the lines (one unnamed node assumed)")
                         + ("; time window from the first and last stamped lines" if facts.first else "; no stamped line: order from line positions only")
                         + (f"; rank to host for {len(wl.ranks)} ranks from NCCL init / torchrun lines" if wl.ranks else "")}]
-    return wl, notes, {h: facts.host_origin[h] for h in hosts}
+    return wl, notes, {h: facts.host_origin[h] for h in hosts if h in facts.host_origin}

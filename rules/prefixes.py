@@ -53,6 +53,13 @@ _GLOG_BARE = re.compile(
     r"\d+ (?P<src>[\w./-]+:\d+)\] ")
 # NCCL: "gpu004:2200689:2200706 [3] "
 _NCCL = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+# vLLM's logger: "ERROR 09-09 02:24:28 [multiproc_executor.py:522] "
+_VLLM = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)"
+    r"(?:\.(?P<frac>\d+))? \[[\w./-]+:\d+\] ")
+# Ray and vLLM worker tags: "(RayTrainWorker pid=5137, ip=10.128.0.103) ", "(VllmWorker rank=0 pid=104) ",
+# "(raylet) ", "(pid=4331) ".
+_PROC_TAG = re.compile(r"\((?P<who>[A-Za-z_][\w.:-]*)?(?: ?rank=(?P<rank>\d+))?(?:,? ?pid=(?P<pid>\d+))?(?:, ip=(?P<ip>[\d.]+))?(?:, [\w=.-]+)*\)\s")
 
 
 @dataclass(frozen=True)
@@ -82,12 +89,12 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket")
 _DIGIT = ("srun", "iso_host", "iso_bare", "nccl")
-_ALPHA = ("rfc3164", "glog_bare", "nccl")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "nccl")
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
-    "iso_bare": _ISO_BARE,
+    "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM,
 }
 
 
@@ -95,6 +102,8 @@ def _shapes(text: str) -> tuple[str, ...]:
     c = text[:1]
     if c == "[":
         return _BRACKET
+    if c == "(":
+        return ("proc_tag",)
     if c.isdigit() or c == " ":
         return _DIGIT
     if c.isalpha():
@@ -166,11 +175,18 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
             hh, mi, ss = _hms(m)
             head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{m['day']}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
             head.quality = "exact"
-    elif name in ("glog_bracket", "glog_bare"):
+    elif name in ("glog_bracket", "glog_bare", "vllm"):
         if head.stamp is None and m["mo"]:
             hh, mi, ss = _hms(m)
             head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
             head.quality = "no_year" if head.stamp else "none"
+    elif name == "proc_tag":
+        if not (m["who"] or m["pid"]):
+            return False
+        if m["rank"] and head.rank is None:
+            head.rank = int(m["rank"])
+        if m["pid"] and head.pid is None:
+            head.pid = int(m["pid"])
     elif name == "nccl":
         head.host = m["host"]
         head.pid = int(m["pid"])

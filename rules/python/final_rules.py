@@ -43,13 +43,15 @@ def scope(ctx: FinalContext) -> None:
     after = timedelta(seconds=float(ctx.settings["end_slack_s"]))
     start, end = wl.start_time - before, (wl.end_time + after) if wl.end_time else None
     nodes = set(wl.nodes)
+    # Without a scheduler record the window was read off the lines themselves: nothing is outside it.
+    timed = not ctx.settings.get("_inventory", {}).get("inferred")
     out: list[Ev] = []
     for ev in ctx.roots:
         if ev.source == "scheduler" and ev.kind == "scheduler_end":
             continue
         outside_host = bool(nodes) and ev.host is not None and ev.host not in nodes
-        early = ev.stamp is not None and ev.stamp < start
-        late = ev.stamp is not None and end is not None and ev.stamp > end
+        early = timed and ev.stamp is not None and ev.stamp < start
+        late = timed and ev.stamp is not None and end is not None and ev.stamp > end
         if outside_host or early or late:
             ctx.excluded.add(id(ev))
             ev.fields["excluded"] = "host not in workload" if outside_host else "outside the workload's time"
@@ -151,13 +153,15 @@ def clock(ctx: FinalContext) -> None:
               "quiet": [_scenario({"logs/syslog/node-02.log": _XID79 + "\nNov  2 10:03:12 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"})]},
 )
 def lone_recovery_action(ctx: FinalContext) -> None:
-    others = {(e.host, e.pci) for e in ctx.events if e.kind == "xid" and e.fields.get("xid") != 154}
+    # Another Xid on the same host (a peer GPU's NVLink fault, a fallen GPU) is what the driver
+    # reacts to across GPUs that share a fabric: then the 154 is that fault's echo, not a cause.
+    others = {e.host for e in ctx.events if e.kind == "xid" and e.fields.get("xid") != 154}
     promoted = []
     for ev in ctx.events:
         if ev.kind != "xid" or ev.fields.get("xid") != 154 or ev.role != "marker":
             continue
         action = ev.fields.get("recovery_action_code")
-        if (ev.host, ev.pci) in others or action in (None, 0):
+        if ev.host in others or action in (None, 0):
             continue
         ev.role, ev.domain, ev.sub_domain, ev.strength = "root", "gpu", "gpu_hardware_fault", "strong"
         ev.output = render("GPU {gpu} on {host} asks for recovery action {recovery_action} (Xid 154) with no other Xid", ev)
@@ -228,6 +232,15 @@ def choose(ctx: FinalContext) -> None:
                  reason="only weak evidence (an echo other faults also produce) and nothing firmer joins it",
                  weak=[r.sub_domain for r in fits])
         return
+    if not fits:
+        # The only cause in sight, with no clock to place it against its echoes, initiates
+        # unless stamps contradict it (a stamped root that explains too little stays out).
+        firm = [r for r in roots if r.strength != "echo"]
+        if firm and len({r.sub_domain for r in firm}) == 1 and all(not placed(r) for r in firm):
+            fits = firm
+            ctx.step("final.choose", "only_cause", firm,
+                     reason="the only cause in the lines and nothing stamped contradicts it",
+                     coverage=max(ctx.coverage_of[id(r)] for r in firm))
     if not fits:
         ctx.status = "unattributed"
         ctx.coverage = best
