@@ -34,6 +34,21 @@ def _t(stamp: str | None) -> str:
     return "(no time)" if not stamp else stamp.replace("T", " ").rstrip("Z")[:23]
 
 
+def _when(rc) -> str:
+    """The root's time, marked when it is not the line's own stamp."""
+    if rc.time_basis == "inherited" and rc.timestamp:
+        return f"≥{_t(rc.timestamp)} (no stamp of its own: the stamped line above)"
+    if rc.time_basis == "line_order" or not rc.timestamp:
+        return "(no time: placed by its line order)"
+    return _t(rc.timestamp)
+
+
+def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent) or [indent]
+
+
 def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str:
     def c(text: str, code: str) -> str:
         return f"\033[{code}m{text}\033[0m" if color else text
@@ -46,12 +61,14 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
     elif d.status == "ambiguous":
         head += f"  {d.domain}: {len(d.candidates)} causes fit"
     out.append(c(head, status_color[d.status]))
+    if d.summary:
+        out.extend(_wrap(d.summary, "  "))
     rc = d.root_cause
     if rc is not None:
         where = ", ".join(x for x in (rc.host and f"host {rc.host}", rc.gpu is not None and f"GPU {rc.gpu}",
                                       rc.rank is not None and f"rank {rc.rank}") if x)
         out.append(f"  root cause  {rc.message}")
-        out.append(f"              {where}; logged {_t(rc.timestamp)}" + (f", onset {_t(rc.onset)}" if rc.onset != rc.timestamp else ""))
+        out.append(f"              {where}; logged {_when(rc)}" + (f", onset {_t(rc.onset)}" if rc.onset != rc.timestamp and rc.onset else ""))
         out.append(f"              {rc.ref.path}:{rc.ref.line}")
         out.append(f"              | {rc.text[:160]}")
     for cand in d.candidates:
@@ -63,14 +80,21 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
         out.append(f"  coverage    {d.symptom_coverage:.0%} of symptom lines explained ({total:,} symptom lines)")
     out.append("")
     timeline = []
+    root_at = (rc.onset or rc.timestamp or "") if rc is not None else ""
     if rc is not None:
-        timeline.append((rc.onset or rc.timestamp or "", rc.host or "-", c("ROOT ", "1") + f"{rc.kind}: {rc.message}"))
+        timeline.append((root_at, 0, _when(rc) if rc.time_basis != "stamped" else _t(root_at), rc.host or "-",
+                         c("ROOT ", "1") + f"{rc.kind}: {rc.message}"))
     for s in d.symptoms:
-        timeline.append((s.first or "", _hosts(s.hosts, 2), f"{s.kind} ×{s.count}"))
+        # An echo never sorts before its cause: an explained symptom whose (inherited) stamp is
+        # earlier is shown right after the root, its time marked as a lower bound.
+        at = s.first or ""
+        early = bool(rc is not None and s.explained and (not at or (root_at and at < root_at)))
+        label = (f"≥{_t(at)}" if at else "(no time)") if early else _t(at)
+        timeline.append((root_at if early else at, 1, label, _hosts(s.hosts, 2), f"{s.kind} ×{s.count}"))
     if timeline:
-        out.append("Timeline (first events, by onset)")
-        for stamp, host, what in sorted(timeline, key=lambda x: (x[0] == "", x[0]))[:8]:
-            out.append(f"  {_t(stamp):23}  {host[:28]:28}  {what}")
+        out.append("Timeline (first events, by onset; ≥ a lower bound, the time of the stamped line above)")
+        for stamp, _rank, label, host, what in sorted(timeline, key=lambda x: (x[0] == "", x[0], x[1]))[:8]:
+            out.append(f"  {label[:24]:24}  {host[:28]:28}  {what}")
         out.append("")
     if d.symptoms:
         out.append("Symptoms")
@@ -88,6 +112,10 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
             out.append(f"  {m.kind:10} {m.detail}: {what}")
         out.append("")
     out.append(f"Recovery    {d.recovery.action}" + (f" {', '.join(d.recovery.nodes)}" if d.recovery.nodes else ""))
+    if d.recovery.reason:
+        out.extend(_wrap(f"why: {d.recovery.reason}", "            "))
+    if d.recovery.next_step:
+        out.extend(_wrap(f"next: {d.recovery.next_step}", "            "))
     if stats:
         out.append(f"Read        {stats['lines']:,} lines in {stats['files']} files: {stats['matched']:,} matched, "
                    f"{stats['lines'] - stats['candidates']:,} unmatched, {stats['unparsed']} unparsed")

@@ -415,7 +415,6 @@ def _read_yaml(path: Path, rel: str, errs: _Errors) -> Any:
 
 def _build(files: Mapping[str, Path], root: str, strict: bool) -> tuple[Catalog, list[CatalogError]]:
     load_builtin_decoders()
-    from . import python as _python_rules  # noqa: F401  (registers FINAL python rules)
     errs = _Errors(strict)
     taxonomy: dict[str, Any] = {}
     settings: dict[str, Any] = {}

@@ -24,8 +24,11 @@ from .model import Ev
 from .python import ordered as final_rules
 from .python.final_rules import responsible
 from .stamps import iso_z
+from .summary import write_summary
 
 WORKLOAD_REF = "workload.json"
+# How a root's time is known, for a person: a stamp of its own, or only bounds.
+TIME_BASIS = {"exact": "stamped", "no_year": "stamped", "uptime": "uptime", "inherited": "inherited"}
 # Node-scoped lines (kernel, driver, Fabric Manager) belong to a workload only within
 # this horizon around its run; the stream routes them with the same horizon.
 EVIDENCE_HORIZON_S = 3600.0
@@ -169,7 +172,7 @@ def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Dia
         domain, sub = first.domain or "unknown", first.sub_domain or "unattributed"
         root = RootCause(
             kind=first.kind, domain=domain, sub_domain=sub, host=first.host, gpu=_gpu(first), rank=first.rank,
-            timestamp=iso_z(first.stamp), onset=iso_z(first.corrected_onset),
+            timestamp=iso_z(first.stamp), onset=iso_z(first.corrected_onset), time_basis=TIME_BASIS.get(first.quality, "line_order"),
             fields={k: v for k, v in sorted(first.fields.items()) if v is not None and not isinstance(v, (list, dict))},
             ref=first.ref(), text=first.text, message=_message(first, catalog),
         )
@@ -185,6 +188,7 @@ def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Dia
                 coverage=c["coverage"], evidence=_refs(members, int(ctx.settings["max_refs"])),
                 message=_message(members[0], catalog)))
     rec = ctx.recovery or {"action": "notify_owner", "nodes": []}
+    summary = write_summary(ctx, status, root, candidates, catalog)
     return Diagnosis(
         workload_id=wl.workload_id, attempt=wl.attempt, terminal_state=wl.terminal_state, status=status,
         domain=domain, sub_domain=sub, root_cause=root, responsible_nodes=responsible(ctx),
@@ -192,6 +196,8 @@ def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Dia
         candidates=candidates, symptoms=_symptoms(ctx), evidence=_evidence(ctx, early_steps, catalog),
         explains=_explains(ctx), symptom_coverage=round(float(ctx.coverage), 4),
         missing_evidence=[MissingEvidence(**m) for m in ctx.missing],
-        recovery=Recovery(action=rec["action"], nodes=sorted(rec["nodes"])),
+        recovery=Recovery(action=rec["action"], nodes=sorted(rec["nodes"]), reason=rec.get("reason", ""),
+                          next_step=rec.get("next_step", "")),
+        summary=summary,
         rules_version=catalog.version, diagnosis_id=did,
     )

@@ -130,6 +130,14 @@ def in_file_order(src: Ev, tgt: Ev) -> bool | None:
     return tgt.line > src.line
 
 
+def uptime_gap(src: Ev, tgt: Ev) -> float | None:
+    """Seconds from ``src`` to ``tgt`` on one host's dmesg uptime clock (same file), else None."""
+    a, b = src.fields.get("uptime_s"), tgt.fields.get("uptime_s")
+    if src.path != tgt.path or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return None
+    return float(b) - float(a)
+
+
 def _same_place(ctx: FinalContext, src: Ev, tgt: Ev) -> bool:
     # Lines that name no host are on the one node of a one-node job (or the one unnamed node).
     return src.host == tgt.host and (bool(src.host) or len(ctx.workload.nodes) <= 1)
@@ -140,7 +148,8 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     s_on = ctx.when(src)
     t_seen = ctx.seen(tgt)
     t_on = ctx.when(tgt) or t_seen
-    tol = ctx.tol()
+    # One host has one clock: its lines need no tolerance against each other.
+    tol = timedelta(0) if src.host and src.host == tgt.host and placed(src) and placed(tgt) else ctx.tol()
     join = rule.join
     for key in rule.equal:
         have = value_of(src, key)
@@ -172,8 +181,17 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         slack = timedelta(seconds=float(ctx.settings["hang_slack_s"])) + tol
         return abs(s_on - hang_onset) <= slack
     if s_on is None or t_on is None:
-        # Untimed events join only on place, never on time.
-        return join in ("same_host", "same_gpu") and rule.window_s is None
+        # Untimed events join on place; a window is checked on the file's own clock (dmesg uptime)
+        # or, lacking one, on line order (within one file, line order is causal order).
+        if join not in ("same_host", "same_gpu", "same_workload"):
+            return False
+        if rule.window_s is None:
+            return True
+        gap = uptime_gap(src, tgt)
+        if gap is not None:
+            return -float(rule.before_s) <= gap <= float(rule.window_s)
+        order = in_file_order(src, tgt)
+        return bool(order) if rule.before_s == 0 else order is not None
     before = timedelta(seconds=rule.before_s)
     if tgt.quality == "inherited":
         # An inherited stamp is only a lower bound (the last stamped line above it).
@@ -192,6 +210,9 @@ def _unclocked_follows(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) 
     the stamped line above it (its inherited stamp is a lower bound): the join holds unless
     the stamps that exist contradict it (the source's lower bound is after the target).
     """
+    gap = uptime_gap(src, tgt)
+    if gap is not None:
+        return gap >= 0 and (rule.window_s is None or rule.join != "after_onset" or gap <= float(rule.window_s))
     order = in_file_order(src, tgt)
     if order is not None:
         return order

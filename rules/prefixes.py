@@ -19,7 +19,7 @@ _MON = r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 # RFC 3164: "Nov  2 10:03:11 node-02 kernel: " (host may be missing: "Aug 19 11:38:39  NVRM: ...")
 _RFC3164 = re.compile(
     _MON + r" (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
-    r"(?:(?P<host>[\w.:-]+) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d+)\])?: )?")
+    r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d+)\])?: )?")
 # journal / RFC 5424-ish: "2026-11-02T10:03:11.123456+00:00 node-02 kernel: "
 _ISO_HOST = re.compile(
     r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) "
@@ -53,6 +53,9 @@ _GLOG_BARE = re.compile(
     r"\d+ (?P<src>[\w./-]+:\d+)\] ")
 # NCCL: "gpu004:2200689:2200706 [3] "
 _NCCL = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+# Talos / kmsg forwarders: "192.168.11.119: kern: warning: [2026-04-22T21:25:20.458998481Z]: "
+_KMSG_HOST = re.compile(
+    r"(?P<host>[\w.:-]+?): (?:kern|user|daemon|auth|syslog):\s+\w+: \[(?P<iso>\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)\]: ")
 # vLLM's logger: "ERROR 09-09 02:24:28 [multiproc_executor.py:522] "
 _VLLM = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)"
@@ -88,13 +91,13 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
 
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket")
-_DIGIT = ("srun", "iso_host", "iso_bare", "nccl")
-_ALPHA = ("rfc3164", "glog_bare", "vllm", "nccl")
+_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "nccl")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "nccl")
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
-    "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM,
+    "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
 }
 
 
@@ -180,6 +183,11 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
             hh, mi, ss = _hms(m)
             head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
             head.quality = "no_year" if head.stamp else "none"
+    elif name == "kmsg_host":
+        if head.stamp is None:
+            head.stamp = parse_iso(m["iso"], ctx.zone)
+            head.quality = "exact" if head.stamp else "none"
+        head.host = head.host or m["host"]
     elif name == "proc_tag":
         if not (m["who"] or m["pid"]):
             return False

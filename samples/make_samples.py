@@ -619,8 +619,9 @@ def gpu_fell_off_bus(out: str) -> None:
     for h in sorted((h for h in nodes if h != culprit), key=lambda _: r.random()):
         j.srun_exit(t, h, j.ranks_of(h))
         t += S(r.uniform(0.02, 0.2))
+    # Contract section 2: an uncorrectable AER just before the Xid 79 is the root (pcie_error).
     j.write(out, j.workload("FAILED", "1:0", t + S(1.5)),
-            expected("attributed", "failed", "gpu", "gpu_fell_off_bus", [culprit]))
+            expected("attributed", "failed", "host", "pcie_error", [culprit]))
 
 
 def cuda_oom_one_rank(out: str) -> None:

@@ -28,6 +28,8 @@ class RootCause(BaseModel):
     rank: int | None
     timestamp: str | None = Field(description="UTC ISO-8601 stamp of the line, null when unknown")
     onset: str | None = Field(description="estimated UTC onset, corrected for the host's clock offset")
+    time_basis: str = Field(default="stamped", description="stamped | uptime | inherited (a lower bound: the "
+                            "stamped line above) | line_order (no time: placed by its place in its file)")
     fields: dict[str, FieldValue]
     ref: Ref
     text: str
@@ -93,6 +95,8 @@ class Recovery(BaseModel):
 
     action: RecoveryAction
     nodes: list[str]
+    reason: str = Field(default="", description="why this action: the cause, the vendor's resolution, the guard that applied")
+    next_step: str = Field(default="", description="one sentence: what a person should do next")
 
 
 class Diagnosis(BaseModel):
@@ -118,6 +122,7 @@ class Diagnosis(BaseModel):
     recovery: Recovery
     rules_version: str
     diagnosis_id: str
+    summary: str = Field(default="", description="one or two sentences a person reads first")
     revision: int | None = Field(default=None, description="stream only")
     provisional: bool | None = Field(default=None, description="stream only")
 

@@ -24,4 +24,6 @@ fi
 .venv/bin/python -m pip install -q -e '.[dev]'
 .venv/bin/firstfault rules lint
 .venv/bin/firstfault rules test
+# Accuracy on real incidents (corpus/real), the samples and generated bundles, with floors.
+.venv/bin/python bench/accuracy.py --min-accuracy 0.92 --max-confident-wrong 0.01
 .venv/bin/python -m pytest -q "$@"

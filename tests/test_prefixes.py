@@ -11,9 +11,21 @@ CTX = StampContext(zone=timezone.utc, anchor=datetime(2026, 11, 2, 10, tzinfo=ti
 
 
 @pytest.mark.parametrize("line, message, stamp, rank, host", [
-    # RFC 3164 with a dmesg uptime inside (NVIDIA/gpu-operator#1146 shape): year from the workload
+    # RFC 3164 with a dmesg uptime inside (NVIDIA/gpu-operator#1146 shape): year from the workload,
+    # the header's host recorded (a bare syslog file names its host only there)
     ("Nov  2 11:38:47 worker4 kernel: [  219.470994] NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>'",
-     "NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>'", "2026-11-02T11:38:47.000000Z", None, None),
+     "NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>'", "2026-11-02T11:38:47.000000Z", None, "worker4"),
+    # RFC 3164 without a host (NVIDIA developer forum post, Xid 62 on an RTX PRO 6000): "kernel:" is the program
+    ("Mar 27 17:40:36 kernel: NVRM: Xid (PCI:0000:01:00): 62, 223b6a66 00002100 00000000 20662342 20662ba6 20664272 2065f7ca 2063f48c",
+     "NVRM: Xid (PCI:0000:01:00): 62, 223b6a66 00002100 00000000 20662342 20662ba6 20664272 2065f7ca 2063f48c",
+     "2027-03-27T17:40:36.000000Z", None, None),   # the year nearest the workload start
+    # Talos kmsg forwarding (vllm-project/vllm#40652)
+    ("192.168.11.119: kern:     err: [2026-04-22T21:25:20.466440686Z]: nvidia-nvswitch1: SXid (PCI:0000:aa:00.0): 24007, Severity 1 Engine instance 12 Sub-engine instance 00",
+     "nvidia-nvswitch1: SXid (PCI:0000:aa:00.0): 24007, Severity 1 Engine instance 12 Sub-engine instance 00",
+     "2026-04-22T21:25:20.466440Z", None, "192.168.11.119"),
+    # vLLM worker tag and logger (snowflakedb/ArcticInference#175)
+    ("(VllmWorker rank=0 pid=104) ERROR 09-09 02:24:28 [multiproc_executor.py:522] ValueError: output tensor size must be equal to world_size times input tensor size",
+     "ValueError: output tensor size must be equal to world_size times input tensor size", "2026-09-09T02:24:28.000000Z", 0, None),
     # dmesg -T (leptonai/gpud testdata)
     ("[Sun Feb 23 16:24:18 2025] NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi",
      "NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi", "2025-02-23T16:24:18.000000Z", None, None),

@@ -120,9 +120,9 @@ def test_generic_slack_and_pagerduty_bodies(receivers, sinks, diag):
 def test_statuses_domains_provisional_and_duplicates(receivers, sinks, diag):
     everything, gpu_only = receivers(), receivers()
     sink = sinks([{"name": "all", "url": everything.url},
-                  {"name": "gpu", "url": gpu_only.url, "domains": ["gpu"], "statuses": ["attributed", "ambiguous"]}])
+                  {"name": "gpu", "url": gpu_only.url, "domains": ["gpu", "host"], "statuses": ["attributed", "ambiguous"]}])
     sink.submit(diag["worked-example"])                        # interconnect: "all" only
-    sink.submit(diag["gpu-fell-off-bus-32node"])               # gpu: both
+    sink.submit(diag["gpu-fell-off-bus-32node"])               # host (pcie_error): both
     sink.submit(diag["ambiguous-two-faults"])                  # candidates network + gpu: both
     sink.submit(diag["unattributed-straggler"])                # "all" only (status)
     sink.submit(diag["clean-completion"])                      # no_failure: nobody
@@ -131,7 +131,7 @@ def test_statuses_domains_provisional_and_duplicates(receivers, sinks, diag):
     assert sink.drain(10)
     ids = lambda r: [q["body"]["diagnosis"]["workload_id"] for q in r.requests]  # noqa: E731
     assert ids(everything) == ["slurm-4471823", "slurm-4472001", "slurm-4472230", "slurm-4472345"]
-    assert {q["body"]["diagnosis"]["sub_domain"] for q in gpu_only.requests} == {"gpu_fell_off_bus", "ambiguous"}
+    assert {q["body"]["diagnosis"]["sub_domain"] for q in gpu_only.requests} == {"pcie_error", "ambiguous"}
     assert value(sink, "firstfault_alerts_skipped_total", reason="duplicate") == 1
     assert value(sink, "firstfault_alerts_skipped_total", reason="filtered") == 2
     assert value(sink, "firstfault_alerts_sent_total", webhook="all") == 4

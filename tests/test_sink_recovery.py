@@ -72,7 +72,7 @@ def test_ambiguous_and_unattributed_print_nothing(tmp_path, diag):
 
 
 def test_allow_list_and_hints_without_a_node_action(tmp_path, diag):
-    sink, out = make(tmp_path, allow_sub_domains=["gpu_fell_off_bus"])
+    sink, out = make(tmp_path, allow_sub_domains=["pcie_error"])
     assert "not on the allow-list" in sink.handle(diag["worked-example"]).reason
     assert sink.handle(diag["gpu-fell-off-bus-32node"]).decision == "dry_run"
     assert "asks for no node action" in sink.handle(diag["host-oom-killer"]).reason     # notify_owner

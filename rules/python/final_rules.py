@@ -145,6 +145,73 @@ def clock(ctx: FinalContext) -> None:
                  unmeasured_tolerance_s=float(ctx.settings["clock_tolerance_s"]))
 
 
+_XID45_149 = "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"
+
+
+@final_rule(
+    id="final.referred_cause", priority=860, title="A marker that names its cause stands in for it",
+    description="Xid 45 says which earlier Xid stopped the channel ('caused by previous Xid N'). When that Xid's "
+                "own line is not in the evidence on that host, the marker becomes a root of the referred Xid's "
+                "domain, weak (it never drains a node by itself), with the marker line as its evidence. "
+                "Source: NVIDIA Xid catalog (Xid 45: preemptive cleanup due to a previous error); "
+                "NVIDIA/open-gpu-kernel-modules#1150 (the lines of the example).",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": "Nov  2 10:03:11 node-02 " + _XID45_149})],
+              "quiet": [_scenario({"logs/syslog/node-02.log":
+                                   "Nov  2 10:03:10 node-02 kernel: NVRM: Xid (PCI:0000:dc:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)\n"
+                                   "Nov  2 10:03:11 node-02 " + _XID45_149})]},
+)
+def referred_cause(ctx: FinalContext) -> None:
+    from ..decoders import DECODERS
+
+    seen = {(e.host, e.fields.get("xid")) for e in ctx.events if e.kind == "xid"}
+    promoted = []
+    for ev in ctx.events:
+        cause = ev.fields.get("caused_by_xid")
+        if ev.kind != "xid" or ev.role not in ("marker", "symptom", "context") or not isinstance(cause, int):
+            continue
+        if cause == ev.fields.get("xid") or (ev.host, cause) in seen:
+            continue            # the cause's own line is here (or the marker points at itself)
+        tag = DECODERS["xid"]({"xid": cause, "msg": "", "pci": ev.pci, "host": ev.host, "rank": ev.rank})
+        if tag is None or tag.role != "root":
+            continue
+        ev.role, ev.domain, ev.sub_domain, ev.strength = "root", tag.domain, tag.sub_domain, "weak"
+        ev.fields["referred_xid"] = cause
+        ev.output = render(f"Xid {cause} on GPU {{gpu}} of {{host}}, known from the Xid 45 that names it "
+                           f"(its own line is not in the evidence)", ev)
+        promoted.append(ev)
+    if promoted:
+        ctx.step("final.referred_cause", "promote", promoted, referred=sorted({e.fields["referred_xid"] for e in promoted}))
+
+
+_SXID_DETAIL = ("Nov  2 10:03:10 node-02 kernel: nvidia-nvswitch1: SXid (PCI:0000:aa:00.0): 24007, Severity 1 Engine "
+                "instance 12 Sub-engine instance 00")
+
+
+@final_rule(
+    id="final.lone_sxid_detail", priority=855, title="An SXid detail line without its headline",
+    description="The NVSwitch driver prints a headline ('SXid ...: N, Fatal, Link ...') and detail lines "
+                "('Severity 1 Engine instance ...', 'Data {...}'). When only a detail line of a code the catalog "
+                "calls fatal is in the evidence (an excerpt), it stands for the switch's fatal error. "
+                "Source: vllm-project/vllm#40652 (the example line); NVIDIA Fabric Manager user guide (SXid classes).",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": _SXID_DETAIL})],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _SXID_DETAIL.replace("24007", "24001")})]},
+)
+def lone_sxid_detail(ctx: FinalContext) -> None:
+    headlines = {e.host for e in ctx.events if e.kind == "sxid" and e.role == "root"}
+    promoted = []
+    for ev in ctx.events:
+        if ev.kind != "sxid" or ev.role != "context" or ev.host in headlines:
+            continue
+        if ev.fields.get("sxid_class") not in ("fatal", "always_fatal"):
+            continue
+        ev.role, ev.domain, ev.sub_domain, ev.strength = "root", "interconnect", "nvswitch_fatal", "strong"
+        ev.output = render(f"SXid {ev.fields.get('sxid')} ({ev.fields.get('sxid_name')}), fatal in NVIDIA's "
+                           f"catalog, on an NVSwitch of {{host}} (only its detail line is in the evidence)", ev)
+        promoted.append(ev)
+    if promoted:
+        ctx.step("final.lone_sxid_detail", "promote", promoted)
+
+
 @final_rule(
     id="final.lone_recovery_action", priority=850, title="A lone Xid 154 is a GPU fault",
     description="Xid 154 states the recovery action another Xid needs; when no other Xid on that GPU "
@@ -236,7 +303,7 @@ def choose(ctx: FinalContext) -> None:
         # The only cause in sight, with no clock to place it against its echoes, initiates
         # unless stamps contradict it (a stamped root that explains too little stays out).
         firm = [r for r in roots if r.strength != "echo"]
-        if firm and len({r.sub_domain for r in firm}) == 1 and all(not placed(r) for r in firm):
+        if firm and len({r.sub_domain for r in firm}) == 1 and not _stamped_before(ctx, firm):
             fits = firm
             ctx.step("final.choose", "only_cause", firm,
                      reason="the only cause in the lines and nothing stamped contradicts it",
@@ -270,6 +337,16 @@ def choose(ctx: FinalContext) -> None:
     ctx.coverage = max(c["coverage"] for c in ctx.candidates)
     ctx.step("final.choose", "ambiguous", firm, candidates=[c["sub_domain"] for c in ctx.candidates],
              coverages=[c["coverage"] for c in ctx.candidates])
+
+
+def _stamped_before(ctx: FinalContext, roots: list[Ev]) -> bool:
+    """Does a symptom with its own stamp, unexplained by these roots, precede them all?"""
+    starts = [ctx.when(r) for r in roots]
+    if any(t is None or not placed(r) for t, r in zip(starts, roots)):
+        return False                          # an unclocked root: no stamp can contradict it
+    first = min(starts)
+    covered = {id(t) for r in roots for t in reachable(ctx, r)}
+    return any(placed(s) and id(s) not in covered and ctx.when(s) < first - ctx.tol() for s in ctx.symptoms)
 
 
 def peer_hosts(ctx: FinalContext, evs: list[Ev]) -> set[str]:
@@ -392,22 +469,65 @@ def missing(ctx: FinalContext) -> None:
 )
 def recovery(ctx: FinalContext) -> None:
     if ctx.status == "no_failure":
-        ctx.recovery = {"action": "none", "nodes": []}
+        ctx.recovery = {"action": "none", "nodes": [], "reason": "the workload completed",
+                        "next_step": "nothing to recover"}
         return
     if ctx.status != "attributed":
-        ctx.recovery = {"action": "notify_owner", "nodes": []}
+        why = ("several causes fit and nothing decides between them" if ctx.status == "ambiguous"
+               else "no cause is proven by the lines")
+        ctx.recovery = {"action": "notify_owner", "nodes": [],
+                        "reason": f"{ctx.status}: {why}, so nothing is drained or excluded automatically",
+                        "next_step": _collect_next(ctx)}
         ctx.step("final.recovery", "notify_owner", [], reason=f"{ctx.status}: no automated action")
         return
     root = ctx.chosen[0]
     entry = ctx.catalog.taxonomy.get(root.domain or "", {}).get(root.sub_domain or "", {})
     action = entry.get("recovery", "notify_owner")
     nodes = responsible(ctx)
+    reasons = [f"{root.sub_domain} ({entry.get('summary', root.kind)})"]
+    # NVIDIA's resolution belongs to the Xid that was logged, not to one a marker refers to.
+    vendor = None if "referred_xid" in root.fields else root.fields.get("immediate")
+    if isinstance(vendor, str) and vendor in _VENDOR_ACTION and action in ("drain_nodes", "retry_excluding_nodes"):
+        # NVIDIA's resolution for the Xid decides how much of the node is affected.
+        action = _VENDOR_ACTION[vendor]
+        reasons.append(f"NVIDIA's resolution for this Xid is {vendor}")
     if action == "drain_nodes" and all(r.strength != "strong" for r in ctx.chosen):
         action = "retry_excluding_nodes"
+        reasons.append("the evidence is indirect, so the node is excluded from the rerun, not drained")
     if action in ("drain_nodes", "retry_excluding_nodes") and not nodes:
         action = "retry"
-    ctx.recovery = {"action": action, "nodes": nodes if action in ("drain_nodes", "retry_excluding_nodes") else []}
+        reasons.append("no host is named, so no node can be excluded")
+    if root.domain == "application":
+        reasons.append("an application fault: the node where it happened is not at fault")
+    keep = action in ("drain_nodes", "retry_excluding_nodes")
+    step = entry.get("next_step", "")
+    if isinstance(vendor, str) and vendor not in ("IGNORE", "RESTART_APP"):
+        extra = root.fields.get("investigatory")
+        step = f"{step} (NVIDIA: {vendor}" + (f", then {extra})" if isinstance(extra, str) and extra != vendor else ")")
+    ctx.recovery = {"action": action, "nodes": nodes if keep else [],
+                    "reason": "; ".join(reasons) + f": {action}" + (f" {', '.join(nodes)}" if keep else ""),
+                    "next_step": step}
     ctx.step("final.recovery", action, [root], nodes=ctx.recovery["nodes"])
+
+
+# NVIDIA's Xid catalog resolution buckets -> how much recovery may do.
+_VENDOR_ACTION = {"RESTART_APP": "retry", "RESET_GPU": "drain_nodes", "RESTART_BM": "drain_nodes",
+                  "RESTART_VM": "drain_nodes", "REBOOT": "drain_nodes"}
+
+
+def _collect_next(ctx: FinalContext) -> str:
+    """For ambiguous and unattributed diagnoses: the evidence that would help most."""
+    if ctx.status == "ambiguous":
+        hosts = sorted({m.host for c in ctx.candidates for m in c["members"] if m.host})
+        return ("collect the kernel logs (dmesg with times, or boot times) of "
+                + (", ".join(hosts) if hosts else "the hosts involved") + " to order the candidates")
+    first = ctx.missing[0] if ctx.missing else None
+    if first and first["kind"] != "workload":
+        where = ", ".join(first["hosts"]) if first["hosts"] else "the job's hosts"
+        return f"collect {first['detail']} ({where})"
+    if ctx.suspects:
+        return "collect the kernel log and the application log of " + ", ".join(sorted(h for h in ctx.suspects if h))
+    return "collect every rank's full log and each host's kernel log (dmesg -T) around the failure"
 
 
 def responsible(ctx: FinalContext) -> list[str]:

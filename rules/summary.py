@@ -1,0 +1,94 @@
+"""The diagnosis' ``summary``: the sentence or two a person reads first (contract section 2).
+
+Built only from what the FINAL rules decided and recorded, so the summary, the page and the
+JSON say the same thing: the cause and why it is first (attributed), the candidates and what
+would decide (ambiguous), the strongest suspect and why, then what to collect (unattributed),
+or why the alarming lines did not matter (no_failure).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from firstfault.schemas import Candidate, RootCause
+
+from .catalog import Catalog
+from .final import FinalContext, placed
+
+
+def _pct(x: float) -> str:
+    value = 100 * x
+    return f"{value:.0f}%" if value in (0, 100) or 1 <= value <= 99 else f"{value:.1f}%"
+
+
+def _where(ref: Any) -> str:
+    return f"{ref.path}:{ref.line}"
+
+
+def write_summary(ctx: FinalContext, status: str, root: RootCause | None, candidates: list[Candidate],
+                  catalog: Catalog) -> str:
+    if status == "no_failure":
+        alarming = sorted({e.kind for e in ctx.events if e.role in ("root", "symptom") and e.source != "scheduler"})
+        if not alarming:
+            return "The workload completed; nothing in the logs looked like a failure."
+        return (f"The workload completed, so the alarming lines ({', '.join(alarming[:4])}"
+                f"{' and more' if len(alarming) > 4 else ''}) did not stop it: they are not a cause.")
+    if status == "attributed" and root is not None:
+        return f"{_sentence(root.message)} {_why_first(ctx)}"
+    rec = ctx.recovery or {}
+    nxt = rec.get("next_step", "")
+    if status == "ambiguous":
+        parts = [f"{c.sub_domain} on {', '.join(c.nodes) or 'an unnamed host'} ({c.message})" for c in candidates]
+        return (f"{len(candidates)} causes fit and nothing in the lines says which came first: "
+                + "; ".join(parts) + f". To decide: {nxt}.")
+    suspect = _suspect_reason(ctx)
+    return ("No cause is proven by the lines." + (f" {suspect}" if suspect else "")
+            + (f" Next: {nxt}." if nxt else ""))
+
+
+def _sentence(text: str) -> str:
+    text = (text or "").strip()
+    return text if text.endswith(".") else text + "."
+
+
+def _why_first(ctx: FinalContext) -> str:
+    chosen = ctx.chosen
+    n_sym = sum(s.count for s in ctx.symptoms)
+    steps = {s.action for s in ctx.steps if s.rule_id == "final.choose"}
+    demoted = len([r for r in ctx.explained_by.values() if r in chosen])
+    if "only_cause" in steps and ctx.coverage < float(ctx.settings["min_coverage"]):
+        why = "It is the only cause in the lines, and no stamped line contradicts it"
+    elif chosen[0].quality == "inherited":
+        why = (f"Its line has no stamp of its own (it follows the stamped line above), it comes before the "
+               f"echoes in its file, and it explains {_pct(ctx.coverage)} of the {n_sym} symptom lines") if n_sym else \
+              "Its line has no stamp of its own, and nothing stamped contradicts it"
+    elif not placed(chosen[0]):
+        why = (f"It has no time of its own; it comes before the echoes in its file and explains "
+               f"{_pct(ctx.coverage)} of the {n_sym} symptom lines") if n_sym else \
+              "It has no time of its own, and nothing stamped contradicts it"
+    elif n_sym:
+        why = f"It is the earliest cause, and it explains {_pct(ctx.coverage)} of the {n_sym} symptom lines after it"
+    else:
+        why = "It is the earliest cause in the lines"
+    if demoted:
+        why += f"; it also explains {demoted} later fault report{'s' if demoted != 1 else ''}"
+    return why + "."
+
+
+def _suspect_reason(ctx: FinalContext) -> str:
+    for st in ctx.steps:
+        if st.rule_id == "final.straggler":
+            hosts = ", ".join(st.detail.get("hosts", []))
+            ranks = sorted({r for e in st.events for r in e.ranks})
+            return (f"Strongest suspect: {hosts}: rank{'s' if len(ranks) != 1 else ''} "
+                    f"{', '.join(map(str, ranks)) or '?'} never reached collective {st.detail.get('stuck_at')} "
+                    f"that the other ranks waited on.")
+    for st in ctx.steps:
+        if st.rule_id == "final.choose" and st.action == "unattributed" and st.events:
+            hosts = sorted({e.host for e in st.events if e.host} | {h for h in ctx.suspects if h})
+            kinds = sorted({e.sub_domain or e.kind for e in st.events})
+            if st.detail.get("weak"):
+                return (f"Only weak evidence ({', '.join(kinds)}), which other faults also produce"
+                        + (f"; suspects: {', '.join(hosts)}." if hosts else "."))
+            return (f"Root-like lines ({', '.join(kinds)}) explain too little of the failure"
+                    + (f"; suspects: {', '.join(hosts)}." if hosts else "."))
+    return ""

@@ -1,0 +1,163 @@
+"""What a user has, read as it is (contract section 4), and diagnosed right on real lines.
+
+Every line here is copied from a public report (named beside it); the corpus cases in
+corpus/real hold the whole excerpts.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from firstfault.rules.engine import analyze_path
+from firstfault.rules.intake import open_input, sniff
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "corpus" / "real"
+
+# pytorch/pytorch#... style cascade, lines from samples' sources: one rank's OOM traceback (no stamp),
+# another rank's watchdog timeout after it (OFA-Sys/OFA#271, lsdefine/simple_GRPO#46 shapes).
+OOM_THEN_TIMEOUT = (
+    "[rank0]: Traceback (most recent call last):\n"
+    '[rank0]:   File "train.py", line 10, in <module>\n'
+    "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+    "of 79.15 GiB of which 1.02 GiB is free.\n"
+    "[rank2]:[E723 01:58:45.510486595 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=45390, OpType=ALLREDUCE, NumelIn=544997376, NumelOut=544997376, "
+    "Timeout(ms)=600000) ran for 600061 milliseconds before timing out.\n")
+# NVIDIA/nccl: IB completion error alone (weak evidence, contract section 2)
+IB_ONLY = ("kp-ddp-worker-0:3468:3905 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer "
+           "10.216.210.236<54862> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid "
+           "fd00:1148:9000:5000:4:200:3:ff22 remoteGidsfd00:1148:9000:5000:4:200:3:ff1f\n")
+# marbl/canu#1052: a time-limit banner states its own time
+TIME_LIMIT = ("step 100 loss 2.1\n"
+              "slurmstepd: error: *** JOB 3884617 ON node023 CANCELLED AT 2018-08-19T16:30:21 DUE TO TIME LIMIT ***\n")
+# NVIDIA/gpu-operator#1146 and a gpu-burn report (NVIDIA/open-gpu-kernel-modules): dmesg alone
+AER_THEN_XID79 = (
+    "[74889.542031] pcieport 0000:00:02.0: AER: Uncorrected (Fatal) error received: id=0010\n"
+    "[74889.542044] pcieport 0000:00:02.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, id=0010(Receiver ID)\n"
+    "[74889.542184] pcieport 0000:00:02.0:    [ 5] Surprise Down Error    (First)\n"
+    "[74889.644138] NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n")
+
+
+def diag_of(tmp_path: Path, files: dict[str, str]):
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    target = tmp_path / next(iter(files)) if len(files) == 1 and "/" not in next(iter(files)) else tmp_path
+    return analyze_path(target).diagnosis
+
+
+def test_a_bare_log_file_is_diagnosed_and_says_what_was_inferred(tmp_path):
+    d = diag_of(tmp_path, {"train.log": OOM_THEN_TIMEOUT})
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom")
+    assert d.root_cause.time_basis == "line_order"             # no stamp: placed by its line
+    assert d.recovery.action == "notify_owner" and d.recovery.nodes == []
+    workload = [m for m in d.missing_evidence if m.kind == "workload"]
+    assert workload and "no workload.json" in workload[0].detail
+    assert "CUDA out of memory" in d.summary and d.recovery.next_step
+
+
+def test_echo_after_the_untimed_cause_is_explained_but_not_before_it(tmp_path):
+    """Within one file line order is causal order: a timeout above the OOM is not its echo."""
+    before = OOM_THEN_TIMEOUT.splitlines(keepends=True)
+    flipped = before[3] + "".join(before[:3])
+    d = diag_of(tmp_path, {"a.log": OOM_THEN_TIMEOUT})
+    assert all(s.explained for s in d.symptoms if s.kind == "watchdog_timeout")
+    d2 = analyze_path(_write(tmp_path / "b.log", flipped)).diagnosis
+    assert not any(s.explained for s in d2.symptoms if s.kind == "watchdog_timeout")
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_weak_evidence_alone_is_unattributed_with_the_reporting_host(tmp_path):
+    d = diag_of(tmp_path, {"nccl.log": IB_ONLY})
+    assert (d.status, d.sub_domain) == ("unattributed", "unattributed")
+    assert d.suspect_nodes == ["kp-ddp-worker-0"] and d.recovery.action == "notify_owner"
+    assert "weak evidence" in d.summary
+
+
+def test_a_line_that_states_its_time_uses_it(tmp_path):
+    d = diag_of(tmp_path, {"slurm-3884617.out": TIME_LIMIT})
+    assert (d.status, d.sub_domain) == ("attributed", "walltime_exceeded")
+    assert d.root_cause.timestamp == "2018-08-19T16:30:21.000000Z" and d.root_cause.time_basis == "stamped"
+
+
+def test_pcie_fatal_error_just_before_xid_79_is_the_root(tmp_path):
+    d = diag_of(tmp_path, {"dmesg.txt": AER_THEN_XID79})
+    assert (d.status, d.sub_domain) == ("attributed", "pcie_error")
+
+
+def test_folder_of_logs_in_any_layout_without_workload_json(tmp_path):
+    d = diag_of(tmp_path, {"logs/train.out": OOM_THEN_TIMEOUT, "logs/dmesg.log": AER_THEN_XID79,
+                           "notes.json": "{}"})
+    # Both files are read: the GPU loss on the host explains the application's echoes.
+    assert d.status in ("attributed", "ambiguous")
+    refs = {e.path for s in d.evidence for e in s.events}
+    assert {"logs/train.out", "logs/dmesg.log"} <= refs
+
+
+def test_sniffing_tells_kernel_logs_from_console_logs():
+    assert sniff(AER_THEN_XID79.splitlines()) == "syslog"
+    assert sniff(OOM_THEN_TIMEOUT.splitlines()) == "mixed"
+    assert sniff(["[Jul 23 2024 07:53:55] [ERROR] [tid 841] detected NVSwitch fatal error 20034 on fid 0"]) == "fabricmanager"
+
+
+def test_hosts_named_in_the_lines_become_the_nodes(tmp_path):
+    p = _write(tmp_path / "out.log",
+               "node5:240:240 [6] NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>\n"
+               "node5:240:240 [6] misc/socket.cc:533 NCCL WARN socketPollConnect: Connect to 10.0.0.4<56849> "
+               "returned 113(No route to host) errno 115(Operation now in progress)\n")
+    intake = open_input(p)
+    assert intake.bundle.workload.nodes == ["node5"]
+    assert intake.host_origin == {"node5": "NCCL line prefix"} and intake.ip_hosts == {"10.0.0.5": "node5"}
+    d = analyze_path(p).diagnosis
+    assert (d.sub_domain, d.responsible_nodes) == ("network_error", ["node5"])
+    assert d.recovery.action != "drain_nodes"
+
+
+def test_cli_warns_about_skipped_files_and_refuses_an_empty_folder(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "train.log").write_text(OOM_THEN_TIMEOUT)
+    (tmp_path / "logs" / "screenshot.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    r = subprocess.run([sys.executable, "-m", "firstfault", "analyze", str(tmp_path), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "skipped logs/screenshot.png" in r.stderr
+    assert json.loads(r.stdout)["sub_domain"] == "cuda_oom"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "blank.log").write_text("")
+    r = subprocess.run([sys.executable, "-m", "firstfault", "analyze", str(empty)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_a_partial_workload_json_is_completed_from_the_lines(tmp_path):
+    (tmp_path / "logs" / "app").mkdir(parents=True)
+    (tmp_path / "logs" / "app" / "rank0.log").write_text(OOM_THEN_TIMEOUT)
+    (tmp_path / "workload.json").write_text(json.dumps({"workload_id": "job-7", "state": "FAILED"}))
+    d = analyze_path(tmp_path).diagnosis
+    assert (d.workload_id, d.terminal_state, d.sub_domain) == ("job-7", "failed", "cuda_oom")
+    assert any(m.kind == "workload" and "lacks start_time" in m.detail for m in d.missing_evidence)
+
+
+def test_same_input_gives_byte_identical_output(tmp_path):
+    p = _write(tmp_path / "train.log", OOM_THEN_TIMEOUT + IB_ONLY)
+    assert analyze_path(p).diagnosis.to_json() == analyze_path(p).diagnosis.to_json()
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in CORPUS.iterdir() if (p / "case.json").is_file())
+                         if CORPUS.is_dir() else [])
+def test_every_corpus_case_gives_a_diagnosis(case):
+    """No corpus case crashes or is refused; a confident answer is never a wrong one (accuracy is
+    measured, with floors, by bench/accuracy.py; this keeps the worst outcome out of every case)."""
+    meta = json.loads((CORPUS / case / "case.json").read_text())
+    d = analyze_path(CORPUS / case / meta["input"]).diagnosis
+    if d.status == "attributed" and meta.get("confidence") == "high":
+        assert d.sub_domain == meta["expected"]["sub_domain"], f"{case}: confidently wrong"
