@@ -17,6 +17,7 @@ from firstfault.schemas import (
     Symptom, WorkloadRecord,
 )
 
+from .bundle import source_of
 from .catalog import Catalog
 from .early import run_early
 from .final import DEFAULT_SETTINGS, FinalContext, reachable, root_order
@@ -36,7 +37,9 @@ NODE_SCOPED = ("syslog", "fabricmanager")
 
 
 def in_horizon(workload: WorkloadRecord, ev: Ev) -> bool:
-    if ev.source not in NODE_SCOPED or ev.stamp is None:
+    # Only a node's own log reaches beyond the workload; a kernel line pasted into the job's
+    # output file is the job's evidence whatever its stamp says.
+    if ev.source not in NODE_SCOPED or ev.stamp is None or source_of(ev.path) not in NODE_SCOPED:
         return True
     span = timedelta(seconds=EVIDENCE_HORIZON_S)
     if ev.stamp < workload.start_time - span:

@@ -152,9 +152,10 @@ class Extractor:
         key = (anchor_ids, source)
         found = self._cand_cache.get(key)
         if found is None:
-            # A file of unknown kind (a pasted console log) may hold any source's lines.
+            # A console log (an application file, or one of unknown kind) may hold any source's
+            # lines: users paste dmesg and kubectl output into the job's output file.
             pats = {p.id: p for aid in anchor_ids for p in self.by_anchor[aid]
-                    if source in p.sources or source == MIXED}
+                    if source in p.sources or source in (MIXED, "app")}
             found = tuple(sorted(pats.values(), key=lambda p: self._priority[p.id]))
             self._cand_cache[key] = found
         return found
@@ -267,7 +268,7 @@ class Extractor:
             fields.setdefault("pid_prefix", head.pid)
         if head.dev is not None:
             fields.setdefault("cuda_dev", head.dev)
-        if source == MIXED:
+        if source in (MIXED, "app") and source not in pat.sources:
             # A pasted kernel line in a console log is still a kernel line.
             source = "app" if "app" in pat.sources else sorted(pat.sources)[0]
         rank = head.rank

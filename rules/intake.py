@@ -45,6 +45,8 @@ _TORCHRUN_HOST = re.compile(r"^\s*(?:\[\d+\]:)?\s*host\s*:\s*(?P<host>[A-Za-z0-9
 _TORCHRUN_RANK = re.compile(r"^\s*(?:\[\d+\]:)?\s*rank\s*:\s*(?P<rank>\d+) \(local_rank")
 _NCCL_INIT = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<rank>\d+) nranks \d+ cudaDev \d+")
 _NCCL_BOOT = re.compile(r"NCCL INFO (?:Bootstrap : Using|NET/Socket : Using|NET/IB : Using) .*?\b(?:\w+):(?P<ip>\d+\.\d+\.\d+\.\d+)")
+# A shell prompt the user pasted with the output: "root@node1:~# dmesg -T", "(venv) user@gpu-3:~/x$ ..."
+_PROMPT = re.compile(r"^(?:\([\w.-]+\) )?[\w.-]+@(?P<host>[A-Za-z][\w.-]*):\S*[#$] ")
 _NOT_HOSTS = {"localhost", "kernel", "user", "root", "unknown", "(none)", "none"}
 
 
@@ -250,6 +252,9 @@ def _read_lines(facts: _Facts, lines: list[tuple[str, str]], anchor: datetime) -
         if head.host:
             host = _note_host(facts, head.host, "NCCL line prefix" if head.dev is not None else "syslog header")
         msg = head.message
+        m = _PROMPT.match(text)
+        if m:
+            _note_host(facts, m["host"], "shell prompt")
         m = _SLURM_ON.search(msg)
         if m:
             _note_host(facts, m["host"], "slurmstepd banner")
@@ -291,8 +296,19 @@ def _partial_record(root: Path) -> dict | None:
     return raw
 
 
+def _short_names(facts: _Facts) -> None:
+    """'gpu187.cluster.local' and 'gpu187' in one log are one host: keep the short name."""
+    for name in sorted(facts.hosts):
+        short = name.split(".")[0]
+        if short != name and short in facts.hosts and not name.replace(".", "").isdigit():
+            facts.hosts[short] += facts.hosts.pop(name)
+            facts.ranks = {r: (short if h == name else h) for r, h in facts.ranks.items()}
+            facts.ip_hosts = {ip: (short if h == name else h) for ip, h in facts.ip_hosts.items()}
+
+
 def _infer_workload(name: str, facts: _Facts, partial: dict | None = None) -> tuple[WorkloadRecord, list[dict], dict[str, str]]:
     given = {k: v for k, v in (partial or {}).items() if v not in (None, "")}
+    _short_names(facts)
     hosts = sorted(facts.hosts)
     record = {"workload_id": name[:256] or "input", "state": "UNKNOWN", "scheduler": "unknown",
               "start_time": facts.first or facts.anchor or _FALLBACK_ANCHOR, "end_time": facts.last,

@@ -26,7 +26,11 @@ _ISO_HOST = re.compile(
     r"(?P<host>[\w.-]+) (?P<prog>[\w./@-]+)(?:\[(?P<pid>\d+)\])?: ")
 # bare ISO (dmesg --time-format iso, python logging "2026-11-02 10:01:00,123 ")
 _ISO_BARE = re.compile(
-    r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?: - | |$)")
+    r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?: - |:? |$)")
+# Open MPI --tag-output / --timestamp-output: "[1,12]<stdout>:" (job, rank)
+_MPI_TAG = re.compile(r"\[(?P<job>\d+),(?P<rank>\d+)\]<(?:stdout|stderr)>: ?")
+# "[gpu187:2]:" host and local rank tags (multi-node launchers that tag each line)
+_HOST_RANK = re.compile(r"\[(?P<host>[A-Za-z][\w.-]*):(?P<local>\d+)\]: ?")
 # "[2026-11-02 10:01:00,123] " / slurmctld "[2026-11-02T10:21:14.123] "
 _ISO_BRACKET = re.compile(
     r"\[(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]:? ")
@@ -90,7 +94,8 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
 
 
 # Which prefix shapes can start with which character: tried in this order.
-_BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket")
+_BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
+            "mpi_tag", "host_rank")
 _DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "nccl")
 _ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "nccl")
 _REGEX = {
@@ -98,6 +103,7 @@ _REGEX = {
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
+    "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK,
 }
 
 
@@ -183,6 +189,12 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
             hh, mi, ss = _hms(m)
             head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
             head.quality = "no_year" if head.stamp else "none"
+    elif name == "mpi_tag":
+        if head.rank is None:
+            head.rank = int(m["rank"])
+    elif name == "host_rank":
+        head.local_rank = int(m["local"])
+        head.host = head.host or m["host"]
     elif name == "kmsg_host":
         if head.stamp is None:
             head.stamp = parse_iso(m["iso"], ctx.zone)

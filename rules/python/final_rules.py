@@ -9,6 +9,7 @@ import statistics
 from collections import Counter, defaultdict
 from datetime import timedelta
 
+from ..bundle import source_of
 from ..early import render
 from ..final import FinalContext, coverage, placed, reachable, root_order, run_explains
 from ..model import Ev
@@ -49,9 +50,15 @@ def scope(ctx: FinalContext) -> None:
     for ev in ctx.roots:
         if ev.source == "scheduler" and ev.kind == "scheduler_end":
             continue
-        outside_host = bool(nodes) and ev.host is not None and ev.host not in nodes
-        early = timed and ev.stamp is not None and ev.stamp < start
-        late = timed and ev.stamp is not None and end is not None and ev.stamp > end
+        # Only a node's own log (kernel, Fabric Manager) can hold another job's node: lines of the
+        # workload's output files are the workload's, whatever name their prefix gives the host.
+        node_file = source_of(ev.path) in ("syslog", "fabricmanager")
+        outside_host = bool(nodes) and ev.host is not None and ev.host not in nodes and node_file
+        # A node's own log holds other jobs' time; the job's output files only its own, unless a
+        # line's full date (not a year-less stamp whose year is a guess) says otherwise.
+        dated = timed and ev.stamp is not None and (node_file or ev.quality == "exact")
+        early = dated and ev.stamp < start
+        late = dated and end is not None and ev.stamp > end
         if outside_host or early or late:
             ctx.excluded.add(id(ev))
             ev.fields["excluded"] = "host not in workload" if outside_host else "outside the workload's time"
@@ -264,6 +271,38 @@ def completed(ctx: FinalContext) -> None:
     seen = [e for e in ctx.events if e.role in ("root", "symptom")]
     ctx.step("final.completed", "no_failure", seen, reason="the workload completed",
              ignored_roots=len([e for e in seen if e.role == "root"]))
+
+
+_DONE = "`Trainer.fit` stopped: `max_steps=400000` reached."
+_TEARDOWN = "[rank0]:[W616 21:29:33.762196891 ProcessGroupNCCL.cpp:1496] Warning: WARNING: destroy_process_group() was not called before program exit, which can leak resources."
+
+
+@final_rule(
+    id="final.completed_in_lines", priority=505, title="A run whose own lines say it finished has no failure",
+    description="Without a scheduler state (a bare log), the trainer's end-of-run line (Lightning, Hugging Face "
+                "Trainer, W&B's success) is the evidence the run completed, when no cause comes before it in its "
+                "file; errors after it are teardown. Source: uzh-rpg/RVT#40, PrimeIntellect-ai/prime-rl#417.",
+    examples={"fires": [_scenario({"logs/app/node-01.log": "wandb: Network error (TransientError), entering retry loop.\n" + _DONE},
+                                  state="UNKNOWN")],
+              "quiet": [_scenario({"logs/app/node-01.log": _DONE}),
+                        _scenario({"logs/app/node-01.log": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n" + _DONE},
+                                  state="UNKNOWN")]},
+)
+def completed_in_lines(ctx: FinalContext) -> None:
+    if ctx.status is not None or ctx.workload.terminal_state != "unknown":
+        return
+    done = [e for e in ctx.events if e.kind == "run_completed"]
+    if not done:
+        return
+    last = max(done, key=lambda e: (e.path, e.line))
+    firm = [r for r in ctx.independent_roots if r.strength != "echo"]
+    # A cause before the end of the run, or one that cannot be placed against it, is a failure.
+    if any(r.path != last.path or r.line < last.line for r in firm):
+        return
+    ctx.status = "no_failure"
+    ctx.step("final.completed_in_lines", "no_failure", done,
+             reason="the program's own end-of-run line; what follows it is teardown",
+             teardown=len([r for r in ctx.roots if r.path == last.path and r.line > last.line]))
 
 
 @final_rule(
