@@ -191,12 +191,13 @@ def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Dia
                 coverage=c["coverage"], evidence=_refs(members, int(ctx.settings["max_refs"])),
                 message=_message(members[0], catalog)))
     rec = ctx.recovery or {"action": "notify_owner", "nodes": []}
-    summary = write_summary(ctx, status, root, candidates, catalog)
+    symptoms = _symptoms(ctx)
+    summary = write_summary(ctx, status, root, candidates, sum(s.count for s in symptoms))
     return Diagnosis(
         workload_id=wl.workload_id, attempt=wl.attempt, terminal_state=wl.terminal_state, status=status,
         domain=domain, sub_domain=sub, root_cause=root, responsible_nodes=responsible(ctx),
         suspect_nodes=sorted(h for h in ctx.suspects if h),
-        candidates=candidates, symptoms=_symptoms(ctx), evidence=_evidence(ctx, early_steps, catalog),
+        candidates=candidates, symptoms=symptoms, evidence=_evidence(ctx, early_steps, catalog),
         explains=_explains(ctx), symptom_coverage=round(float(ctx.coverage), 4),
         missing_evidence=[MissingEvidence(**m) for m in ctx.missing],
         recovery=Recovery(action=rec["action"], nodes=sorted(rec["nodes"]), reason=rec.get("reason", ""),

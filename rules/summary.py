@@ -11,7 +11,6 @@ from typing import Any
 
 from firstfault.schemas import Candidate, RootCause
 
-from .catalog import Catalog
 from .final import FinalContext, placed
 
 
@@ -25,7 +24,7 @@ def _where(ref: Any) -> str:
 
 
 def write_summary(ctx: FinalContext, status: str, root: RootCause | None, candidates: list[Candidate],
-                  catalog: Catalog) -> str:
+                  symptom_lines: int) -> str:
     if status == "no_failure":
         alarming = sorted({e.kind for e in ctx.events if e.role in ("root", "symptom") and e.source != "scheduler"})
         if not alarming:
@@ -33,7 +32,7 @@ def write_summary(ctx: FinalContext, status: str, root: RootCause | None, candid
         return (f"The workload completed, so the alarming lines ({', '.join(alarming[:4])}"
                 f"{' and more' if len(alarming) > 4 else ''}) did not stop it: they are not a cause.")
     if status == "attributed" and root is not None:
-        return f"{_sentence(root.message)} {_why_first(ctx)}"
+        return f"{_sentence(root.message)} {_why_first(ctx, symptom_lines)}"
     rec = ctx.recovery or {}
     nxt = rec.get("next_step", "")
     if status == "ambiguous":
@@ -50,9 +49,8 @@ def _sentence(text: str) -> str:
     return text if text.endswith(".") else text + "."
 
 
-def _why_first(ctx: FinalContext) -> str:
+def _why_first(ctx: FinalContext, n_sym: int) -> str:
     chosen = ctx.chosen
-    n_sym = sum(s.count for s in ctx.symptoms)
     steps = {s.action for s in ctx.steps if s.rule_id == "final.choose"}
     demoted = len([r for r in ctx.explained_by.values() if r in chosen])
     if "only_cause" in steps and ctx.coverage < float(ctx.settings["min_coverage"]):
