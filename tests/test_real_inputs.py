@@ -161,3 +161,20 @@ def test_every_corpus_case_gives_a_diagnosis(case):
     d = analyze_path(CORPUS / case / meta["input"]).diagnosis
     if d.status == "attributed" and meta.get("confidence") == "high":
         assert d.sub_domain == meta["expected"]["sub_domain"], f"{case}: confidently wrong"
+
+
+def test_page_and_summary_never_show_an_echo_before_its_stamped_cause():
+    """samples/cuda-oom-one-rank: rank 5's OOM line has no stamp of its own; peers' NCCL errors
+    inherit an earlier stamp from the lines above them. Both views put the cause first."""
+    from firstfault.connectors.api.ui_view import timeline
+    from firstfault.render import summary
+
+    d = analyze_path(ROOT / "samples" / "cuda-oom-one-rank").diagnosis
+    assert d.root_cause.time_basis == "inherited"
+    rows = timeline(d)["rows"]
+    assert rows[0].is_root
+    early = [r for r in rows if r.kind == "nccl_remote_error"]
+    assert early and early[0].delta.startswith("≥") and "lower bound" in early[0].detail
+    text = summary(d)
+    lines = text[text.index("Timeline"):].splitlines()[1:3]
+    assert "ROOT" in lines[0] and lines[1].lstrip().startswith("≥")

@@ -111,9 +111,24 @@ def _rows(d: Diagnosis, root_t: datetime | None, spans: list[Span]) -> list[Row]
             detail += f", {len(s.ranks)} rank{'s' if len(s.ranks) != 1 else ''}"
         if first and last and last > first:
             detail += f", over {_delta(last, first).lstrip('+')}"
-        rows.append(Row(first, _delta(first, root_t), s.hosts, s.kind, s.count, detail, ref_text(s.sample),
+        delta = _delta(first, root_t)
+        if s.explained and d.root_cause is not None and (first is None or (root_t is not None and first < root_t)):
+            # An echo never shows before its cause: its stamp was inherited from a line above.
+            detail += ", time is a lower bound (the stamped line above)" if first else ", no time of its own"
+            delta = "≥ " + delta if first else delta
+        rows.append(Row(first, delta, s.hosts, s.kind, s.count, detail, ref_text(s.sample),
                         False, s.explained, f"ev-sym-{i}"))
-    rows.sort(key=lambda r: (r.when is None, r.when or datetime.min.replace(tzinfo=timezone.utc), not r.is_root))
+    floor = datetime.min.replace(tzinfo=timezone.utc)
+
+    def order(r: Row) -> tuple:
+        if d.root_cause is not None and (r.is_root or r.explained):
+            # The root and its echoes: the root first, echoes no earlier than it.
+            at = root_t if root_t is not None else None
+            when = max(r.when, at) if (r.when is not None and at is not None) else (at or r.when)
+            return (when is None and at is not None, when or floor, not r.is_root)
+        return (r.when is None, r.when or floor, True)
+
+    rows.sort(key=order)
     return rows
 
 
