@@ -464,8 +464,12 @@ _SEQ_KINDS = ("watchdog_status", "watchdog_timeout", "dump_signal")
 def missing(ctx: FinalContext) -> None:
     info = ctx.settings.get("_inventory", {})
     wl = ctx.workload
-    # What analyze inferred because the input had no scheduler record (contract: kind `workload`).
+    # What analyze inferred because the input had no scheduler record (contract: kind `workload`),
+    # and how each host was named (the evidence trail keeps it for a person to check).
     out: list[dict] = [dict(m) for m in info.get("inferred", ())]
+    if info.get("host_origin") or info.get("ip_hosts"):
+        ctx.step("final.missing", "hosts_inferred", [], hosts=dict(info.get("host_origin", {})),
+                 ip_to_host=dict(info.get("ip_hosts", {})))
     syslog_hosts = set(info.get("syslog_hosts", ()))
     no_syslog = sorted(h for h in wl.nodes if h not in syslog_hosts)
     if no_syslog:
