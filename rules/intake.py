@@ -24,6 +24,7 @@ from .prefixes import StampContext, read_head
 
 SNIFF_LINES = 400                  # lines read to decide a file's source
 SCAN_LINES = 200_000               # lines read per file to infer hosts, ranks and the window
+SCAN_TOTAL = 1_000_000             # ... and over all files (a big folder still starts at once)
 MAX_FILES = 10_000
 _FALLBACK_ANCHOR = datetime(2024, 1, 1, tzinfo=timezone.utc)   # only for logs whose stamps carry no year
 
@@ -216,8 +217,9 @@ def _scan_facts(files: list[BundleFile], workload: WorkloadRecord | None) -> _Fa
     # stamp that carries a year, else a fixed date (order is all that matters then).
     anchor = workload.start_time if workload else None
     pending: list[tuple[str, str]] = []
+    budget = SCAN_TOTAL
     for bf in files:
-        if bf.source == "metrics" or source_of(bf.path) == "metrics":
+        if bf.source == "metrics" or source_of(bf.path) == "metrics" or budget <= 0:
             continue
         n = 0
         for chunk in _whole_lines(bf.open_chunks()):
@@ -235,6 +237,7 @@ def _scan_facts(files: list[BundleFile], workload: WorkloadRecord | None) -> _Fa
                     anchor = h.stamp
                     break
         _read_lines(facts, pending, anchor or _FALLBACK_ANCHOR)
+        budget -= len(pending)
         pending = []
     facts.anchor = anchor
     return facts
