@@ -148,8 +148,9 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     s_on = ctx.when(src)
     t_seen = ctx.seen(tgt)
     t_on = ctx.when(tgt) or t_seen
-    # One host has one clock: its lines need no tolerance against each other.
-    tol = timedelta(0) if src.host and src.host == tgt.host and placed(src) and placed(tgt) else ctx.tol()
+    # One host (one file) has one clock: its lines need no tolerance against each other.
+    same_clock = (src.path == tgt.path or (src.host and src.host == tgt.host)) and placed(src) and placed(tgt)
+    tol = timedelta(0) if same_clock else ctx.tol()
     join = rule.join
     for key in rule.equal:
         have = value_of(src, key)
@@ -192,6 +193,8 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
             return -float(rule.before_s) <= gap <= float(rule.window_s)
         order = in_file_order(src, tgt)
         return bool(order) if rule.before_s == 0 else order is not None
+    if join == "after_onset" and s_on == t_on and in_file_order(src, tgt) is not None:
+        return bool(in_file_order(src, tgt))      # the same second in one file: line order decides
     before = timedelta(seconds=rule.before_s)
     if tgt.quality == "inherited":
         # An inherited stamp is only a lower bound (the last stamped line above it).

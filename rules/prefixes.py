@@ -38,7 +38,7 @@ _DMESG_UPTIME = re.compile(r"\[\s*(?P<up>\d+\.\d+)\] ?")
 _DMESG_DELTA = re.compile(r"\[\s*\+\s*\d+\.\d+\] ?")
 _DMESG_CTIME = re.compile(
     r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON +
-    r" (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d) (?P<year>\d{4})\] ?")
+    r" (?P<day>[ \d]?\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d) (?P<year>\d{4})\] ?")   # "Feb 2" as pasted, too
 # Fabric Manager: "[Jul 23 2024 07:53:55] [ERROR] [tid 841] "
 _FM = re.compile(
     r"\[" + _MON + r" (?P<day>\d\d) (?P<year>\d{4}) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)\] "
