@@ -274,7 +274,6 @@ def completed(ctx: FinalContext) -> None:
 
 
 _DONE = "`Trainer.fit` stopped: `max_steps=400000` reached."
-_TEARDOWN = "[rank0]:[W616 21:29:33.762196891 ProcessGroupNCCL.cpp:1496] Warning: WARNING: destroy_process_group() was not called before program exit, which can leak resources."
 
 
 @final_rule(
