@@ -253,7 +253,7 @@ def _read_lines(facts: _Facts, lines: list[tuple[str, str]], anchor: datetime) -
             facts.last = head.stamp if facts.last is None else max(facts.last, head.stamp)
         host = None
         if head.host:
-            host = _note_host(facts, head.host, "NCCL line prefix" if head.dev is not None else "syslog header")
+            host = _note_host(facts, head.host, "NCCL line prefix" if head.dev is not None else "line prefix (syslog header, container or launcher tag)")
         msg = head.message
         m = _PROMPT.match(text)
         if m:

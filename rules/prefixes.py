@@ -64,6 +64,10 @@ _KMSG_HOST = re.compile(
 _VLLM = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)"
     r"(?:\.(?P<frac>\d+))? \[[\w./-]+:\d+\] ")
+# Markdown a user wrapped a pasted line in: "> " quotes, "**" bold, "`" code
+_MARKDOWN = re.compile(r"(?:> ?)+|\*\*|`+")
+# docker compose logs: "daskcluster-worker-1     | " (service name, replica number, padding)
+_COMPOSE = re.compile(r"(?P<svc>[a-z0-9][\w.-]*[-_]\d+)\s+\| ")
 # Ray and vLLM worker tags: "(RayTrainWorker pid=5137, ip=10.128.0.103) ", "(VllmWorker rank=0 pid=104) ",
 # "(raylet) ", "(pid=4331) ".
 _PROC_TAG = re.compile(r"\((?P<who>[A-Za-z_][\w.:-]*)?(?: ?rank=(?P<rank>\d+))?(?:,? ?pid=(?P<pid>\d+))?(?:, ip=(?P<ip>[\d.]+))?(?:, [\w=.-]+)*\)\s")
@@ -96,19 +100,21 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank")
-_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "nccl")
-_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "nccl")
+_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl")
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
-    "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK,
+    "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK, "markdown": _MARKDOWN, "compose": _COMPOSE,
 }
 
 
 def _shapes(text: str) -> tuple[str, ...]:
     c = text[:1]
+    if c in ">*`":
+        return ("markdown",)
     if c == "[":
         return _BRACKET
     if c == "(":
@@ -189,6 +195,10 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
             hh, mi, ss = _hms(m)
             head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
             head.quality = "no_year" if head.stamp else "none"
+    elif name == "markdown":
+        pass                                   # decoration, not content
+    elif name == "compose":
+        head.host = head.host or m["svc"]
     elif name == "mpi_tag":
         if head.rank is None:
             head.rank = int(m["rank"])

@@ -219,6 +219,40 @@ def lone_sxid_detail(ctx: FinalContext) -> None:
         ctx.step("final.lone_sxid_detail", "promote", promoted)
 
 
+_RDZV_TB = ('  File "/root/.local/lib/python3.7/site-packages/torch/distributed/rendezvous.py", line 143, in _env_rendezvous_handler\n'
+            '    store = TCPStore(master_addr, master_port, start_daemon)\n'
+            'ValueError: host not found: Name or service not known')
+# Which sub_domain an exception raised inside a code area belongs to.
+_FRAME_AREAS = {"rendezvous": ("application", "rendezvous_error")}
+_FRAME_REACH = 40          # lines above an exception that belong to its traceback
+
+
+@final_rule(
+    id="final.traceback_frames", priority=858, title="An exception raised inside rendezvous code is a rendezvous failure",
+    description="A plain exception (ValueError: host not found, ...) whose traceback runs through torch.distributed's "
+                "rendezvous code (rendezvous.py, the elastic rendezvous handlers) happened while the process group was "
+                "being formed: its sub_domain is rendezvous_error, not a user code exception. The frames are the "
+                "lines just above it in the same file. Source: kubeflow/pytorch-operator#125.",
+    examples={"fires": [_scenario({"logs/app/node-01.log": _RDZV_TB})],
+              "quiet": [_scenario({"logs/app/node-01.log": _RDZV_TB.split("\n")[-1]})]},
+)
+def traceback_frames(ctx: FinalContext) -> None:
+    frames = [e for e in ctx.events if e.kind == "traceback_frame" and e.fields.get("area") in _FRAME_AREAS]
+    changed = []
+    for ev in ctx.events:
+        if ev.kind != "python_exception" or ev.role != "root":
+            continue
+        for fr in frames:
+            if fr.path == ev.path and 0 < ev.line - fr.line <= _FRAME_REACH:
+                ev.domain, ev.sub_domain = _FRAME_AREAS[fr.fields["area"]]
+                ev.output = render(f"{ev.fields.get('exc_type')} raised in the rendezvous code "
+                                   f"({fr.fields.get('func')}): {{message}}", ev)
+                changed.append(ev)
+                break
+    if changed:
+        ctx.step("final.traceback_frames", "retag", changed, to=sorted({e.sub_domain for e in changed}))
+
+
 @final_rule(
     id="final.lone_recovery_action", priority=850, title="A lone Xid 154 is a GPU fault",
     description="Xid 154 states the recovery action another Xid needs; when no other Xid on that GPU "
