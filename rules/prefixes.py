@@ -64,8 +64,8 @@ _KMSG_HOST = re.compile(
 _VLLM = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)"
     r"(?:\.(?P<frac>\d+))? \[[\w./-]+:\d+\] ")
-# Markdown a user wrapped a pasted line in: "> " quotes, "**" bold, "`" code
-_MARKDOWN = re.compile(r"(?:> ?)+|\*\*|`+")
+# Markdown a user wrapped a pasted line in: "> " quotes, "**" bold, "```" fences
+_MARKDOWN = re.compile(r"(?:> ?)+|\*\*|`{3,}")     # a single backtick is content (Lightning's `Trainer.fit`)
 # docker compose logs: "daskcluster-worker-1     | " (service name, replica number, padding)
 _COMPOSE = re.compile(r"(?P<svc>[a-z0-9][\w.-]*[-_]\d+)\s+\| ")
 # Ray and vLLM worker tags: "(RayTrainWorker pid=5137, ip=10.128.0.103) ", "(VllmWorker rank=0 pid=104) ",

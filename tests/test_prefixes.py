@@ -19,6 +19,13 @@ CTX = StampContext(zone=timezone.utc, anchor=datetime(2026, 11, 2, 10, tzinfo=ti
     ("Mar 27 17:40:36 kernel: NVRM: Xid (PCI:0000:01:00): 62, 223b6a66 00002100 00000000 20662342 20662ba6 20664272 2065f7ca 2063f48c",
      "NVRM: Xid (PCI:0000:01:00): 62, 223b6a66 00002100 00000000 20662342 20662ba6 20664272 2065f7ca 2063f48c",
      "2027-03-27T17:40:36.000000Z", None, None),   # the year nearest the workload start
+    # markdown bold around a pasted line (Kent0n-Li/ChatDoctor#49); a single backtick stays content
+    ("**RuntimeError: DDP expects same model across all ranks, but Rank 3 has 128 params, while rank 0 has inconsistent 0 params.**",
+     "RuntimeError: DDP expects same model across all ranks, but Rank 3 has 128 params, while rank 0 has inconsistent 0 params.**",
+     None, None, None),
+    ("`Trainer.fit` stopped: `max_steps=400000` reached.", "`Trainer.fit` stopped: `max_steps=400000` reached.", None, None, None),
+    # docker compose service prefix (saturncloud/dask-pytorch-ddp#17)
+    ("daskcluster-worker-1     | Exception: 'AssertionError()'", "Exception: 'AssertionError()'", None, None, "daskcluster-worker-1"),
     # Talos kmsg forwarding (vllm-project/vllm#40652)
     ("192.168.11.119: kern:     err: [2026-04-22T21:25:20.466440686Z]: nvidia-nvswitch1: SXid (PCI:0000:aa:00.0): 24007, Severity 1 Engine instance 12 Sub-engine instance 00",
      "nvidia-nvswitch1: SXid (PCI:0000:aa:00.0): 24007, Severity 1 Engine instance 12 Sub-engine instance 00",
