@@ -152,6 +152,12 @@ def clock(ctx: FinalContext) -> None:
                  unmeasured_tolerance_s=float(ctx.settings["clock_tolerance_s"]))
 
 
+def _promote(ev: Ev, domain: str, sub_domain: str, strength: str, output: str) -> None:
+    """Make ``ev`` a root candidate of the given taxonomy, with its sentence."""
+    ev.role, ev.domain, ev.sub_domain, ev.strength = "root", domain, sub_domain, strength
+    ev.output = render(output, ev)
+
+
 _XID45_149 = "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"
 
 
@@ -181,10 +187,9 @@ def referred_cause(ctx: FinalContext) -> None:
         tag = DECODERS["xid"]({"xid": cause, "msg": "", "pci": ev.pci, "host": ev.host, "rank": ev.rank})
         if tag is None or tag.role != "root":
             continue
-        ev.role, ev.domain, ev.sub_domain, ev.strength = "root", tag.domain, tag.sub_domain, "weak"
         ev.fields["referred_xid"] = cause
-        ev.output = render(f"Xid {cause} on GPU {{gpu}} of {{host}}, known from the Xid 45 that names it "
-                           f"(its own line is not in the evidence)", ev)
+        _promote(ev, tag.domain, tag.sub_domain, "weak", f"Xid {cause} on GPU {{gpu}} of {{host}}, known from the "
+                 f"Xid 45 that names it (its own line is not in the evidence)")
         promoted.append(ev)
     if promoted:
         ctx.step("final.referred_cause", "promote", promoted, referred=sorted({e.fields["referred_xid"] for e in promoted}))
@@ -211,9 +216,9 @@ def lone_sxid_detail(ctx: FinalContext) -> None:
             continue
         if ev.fields.get("sxid_class") not in ("fatal", "always_fatal"):
             continue
-        ev.role, ev.domain, ev.sub_domain, ev.strength = "root", "interconnect", "nvswitch_fatal", "strong"
-        ev.output = render(f"SXid {ev.fields.get('sxid')} ({ev.fields.get('sxid_name')}), fatal in NVIDIA's "
-                           f"catalog, on an NVSwitch of {{host}} (only its detail line is in the evidence)", ev)
+        _promote(ev, "interconnect", "nvswitch_fatal", "strong", f"SXid {ev.fields.get('sxid')} "
+                 f"({ev.fields.get('sxid_name')}), fatal in NVIDIA's catalog, on an NVSwitch of {{host}} "
+                 f"(only its detail line is in the evidence)")
         promoted.append(ev)
     if promoted:
         ctx.step("final.lone_sxid_detail", "promote", promoted)
@@ -271,8 +276,8 @@ def lone_recovery_action(ctx: FinalContext) -> None:
         action = ev.fields.get("recovery_action_code")
         if ev.host in others or action in (None, 0):
             continue
-        ev.role, ev.domain, ev.sub_domain, ev.strength = "root", "gpu", "gpu_hardware_fault", "strong"
-        ev.output = render("GPU {gpu} on {host} asks for recovery action {recovery_action} (Xid 154) with no other Xid", ev)
+        _promote(ev, "gpu", "gpu_hardware_fault", "strong",
+                 "GPU {gpu} on {host} asks for recovery action {recovery_action} (Xid 154) with no other Xid")
         promoted.append(ev)
     if promoted:
         ctx.step("final.lone_recovery_action", "promote", promoted)
