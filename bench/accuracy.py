@@ -175,7 +175,7 @@ def print_human(summary: dict) -> None:
         if b["responsible_node_accuracy"] is not None:
             print(f"   responsible node     {b['responsible_node_accuracy']:.3f} (where the lines name it)")
         print(f"   cascades             {b['cascades']['accuracy']:.3f} of {b['cascades']['cases']}")
-        print(f"   by shape             " + ", ".join(f"{k} {v:.3f}" for k, v in b["by_shape"].items()))
+        print("   by shape             " + ", ".join(f"{k} {v:.3f}" for k, v in b["by_shape"].items()))
         print("   per sub_domain:")
         for k, v in b["per_sub_domain"].items():
             print(f"     {k:26} {v['right']:3}/{v['cases']:<3} {v['accuracy']:.2f}")

@@ -6,7 +6,6 @@ one rule run, so they agree on the same evidence.
 """
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -106,7 +105,7 @@ def _inventory(bundle: Bundle, metric_hosts: set[str] | None = None) -> dict[str
     paths = [f.path for f in bundle.files if f.kind != "metrics" and _feeds(f, bundle.workload)]
     has_metrics = any(f.kind == "metrics" and f.size for f in bundle.files)
     if has_metrics and metric_hosts is None:
-        metric_hosts = _metric_hosts(bundle)
+        metric_hosts = set()               # metrics files without a readable sample name no host
     return inventory_from_paths(bundle.workload, paths, metric_hosts if has_metrics else None,
                                 kinds={f.path: f.kind for f in bundle.files})
 
