@@ -47,7 +47,7 @@ def _split_top(expr: str) -> list[str]:
     return out
 
 
-def _numbers(body: str, expr: str) -> list[str]:
+def _numbers(body: str, expr: str, limit: int) -> list[str]:
     values: list[str] = []
     for part in body.split(","):
         m = _RANGE.match(part.strip())
@@ -57,33 +57,34 @@ def _numbers(body: str, expr: str) -> list[str]:
         lo, hi = int(lo_s), int(hi_s if hi_s is not None else lo_s)
         if lo > hi:
             raise HostlistError(f"invalid range {part!r} in {expr!r} (start after end)")
-        if hi - lo + 1 > MAX_HOSTS:
-            raise HostlistError(f"too many hosts in range {part!r}")
+        if hi - lo + 1 > limit or len(values) + hi - lo + 1 > limit:
+            raise HostlistError(f"{expr!r} expands to more than {limit} hosts")
         width = len(lo_s)
         values.extend(f"{n:0{width}d}" for n in range(lo, hi + 1))
     return values
 
 
-def _expand_entry(entry: str, expr: str) -> list[str]:
+def _expand_entry(entry: str, expr: str, limit: int) -> list[str]:
     pieces = re.split(r"(\[[^\[\]]*\])", entry)
     if any("[" in p or "]" in p for p in pieces if not (p.startswith("[") and p.endswith("]"))):
         raise HostlistError(f"nested or stray bracket in {expr!r}")
     names = [""]
     for piece in pieces:
         if piece.startswith("[") and piece.endswith("]"):
-            nums = _numbers(piece[1:-1], expr)
-            if len(names) * len(nums) > MAX_HOSTS:
-                raise HostlistError(f"{expr!r} expands to more than {MAX_HOSTS} hosts")
+            nums = _numbers(piece[1:-1], expr, limit)
+            if len(names) * len(nums) > limit:
+                raise HostlistError(f"{expr!r} expands to more than {limit} hosts")
             names = [n + v for n in names for v in nums]
         else:
             names = [n + piece for n in names]
     return names
 
 
-def expand(expr: str | None) -> list[str]:
+def expand(expr: str | None, limit: int = MAX_HOSTS) -> list[str]:
     """``"node-[01-04,07]"`` -> ``["node-01", "node-02", "node-03", "node-04", "node-07"]``.
 
-    An empty string, ``None`` and Slurm's ``"None assigned"`` give ``[]``.
+    An empty string, ``None`` and Slurm's ``"None assigned"`` give ``[]``. More than
+    ``limit`` names is a HostlistError, raised before they are built.
     """
     if expr is None:
         return []
@@ -92,7 +93,7 @@ def expand(expr: str | None) -> list[str]:
         return []
     out: list[str] = []
     for entry in _split_top(expr):
-        out.extend(_expand_entry(entry, expr))
-        if len(out) > MAX_HOSTS:
-            raise HostlistError(f"{expr!r} expands to more than {MAX_HOSTS} hosts")
+        out.extend(_expand_entry(entry, expr, limit))
+        if len(out) > limit:
+            raise HostlistError(f"{expr!r} expands to more than {limit} hosts")
     return out

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from firstfault.rules.bundle import ArchiveLimitError
 from firstfault.rules.errors import BundleError, CatalogError, FirstfaultError
 
 
@@ -14,16 +15,33 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"FIRSTFAULT_{name}", default)
 
 
+def _size(text: str) -> int:
+    from firstfault.rules.bundle import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from firstfault.rules.engine import analyze_path
+    from firstfault.rules.bundle import archive_cap_from_env
+    from firstfault.rules.catalog import load_catalog
+    from firstfault.rules.engine import analyze_bundle
+    from firstfault.rules.intake import open_input
 
     from .progress import Bar
     from .render import summary
 
+    # As analyze_path, with the archive cap of the command line (else FIRSTFAULT_MAX_ARCHIVE_BYTES).
+    cap = args.max_archive_bytes if args.max_archive_bytes is not None else archive_cap_from_env()
+    intake = open_input(args.path, max_archive_bytes=cap)
+    for message in intake.warnings:
+        print(f"firstfault: warning: {message}", file=sys.stderr)
+    catalog = load_catalog(args.rules)
     bar = Bar("reading")
     try:
-        result = analyze_path(args.path, rules=args.rules, progress=bar,
-                              warn=lambda m: print(f"firstfault: warning: {m}", file=sys.stderr))
+        result = analyze_bundle(intake.bundle, catalog, bar, intake=intake)
     finally:
         bar.close()
     if args.json:
@@ -141,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="bundle directory, .tar.gz or .zip")
     p.add_argument("--json", action="store_true", help="print exactly the diagnosis object")
     p.add_argument("--rules", default=_env("RULES"), help="a rules directory laid over the built-in catalog")
+    p.add_argument("--max-archive-bytes", type=_size, metavar="SIZE",
+                   help="cap on an archive's uncompressed size, any member and all together, e.g. 4G "
+                        "(FIRSTFAULT_MAX_ARCHIVE_BYTES, default 1G)")
     p.set_defaults(fn=cmd_analyze)
 
     p = sub.add_parser("ship", help="publish a bundle's lines and scheduler record to the raw topics")
@@ -183,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
+    except ArchiveLimitError as exc:
+        raise_it = ("--max-archive-bytes or FIRSTFAULT_MAX_ARCHIVE_BYTES" if exc.limit == "bytes"
+                    else "a smaller archive, or unpack it and pass the folder")
+        print(f"firstfault: unusable bundle: {exc}; to allow more, use {raise_it}", file=sys.stderr)
+        return 2
     except BundleError as exc:
         print(f"firstfault: unusable bundle: {exc}", file=sys.stderr)
         return 2
@@ -194,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as exc:              # unreadable input (permissions, a file vanished): not a crash
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"firstfault: cannot read {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("firstfault: interrupted", file=sys.stderr)
         return 130

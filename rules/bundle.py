@@ -2,28 +2,79 @@
 
 Files are read lazily in chunks, so a bundle of a million lines never sits in
 memory whole. Archives are checked member by member: no absolute paths, no
-``..``, no links, and size caps against decompression bombs.
+``..``, no links, and size caps against decompression bombs. Members expand in
+pieces: small ones stay in memory, the rest go to a private temporary folder
+that lives as long as the Bundle, so a bomb costs disk up to the cap, not memory.
 """
 from __future__ import annotations
 
 import io
-import json
+import lzma
+import os
+import shutil
+import stat
 import tarfile
+import tempfile
+import time
+import weakref
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from pydantic import ValidationError
 
 from firstfault.schemas import WorkloadRecord
 
-from .errors import BundleError
+from .errors import AnalysisTimeout, BundleError
+from .jsonsafe import load_json
 
 CHUNK = 8 * 1024 * 1024
-MAX_MEMBER_BYTES = 4 * 1024 ** 3         # one archive member, uncompressed
-MAX_ARCHIVE_BYTES = 16 * 1024 ** 3       # all members, uncompressed
+MAX_ARCHIVE_BYTES = 1024 ** 3            # uncompressed, any member and all together (the service's default)
+MAX_MEMBER_BYTES = MAX_ARCHIVE_BYTES
 MAX_MEMBERS = 100_000
+MAX_WORKLOAD_BYTES = 64 * 1024 * 1024    # workload.json is read whole: a big one is not a record
+MAX_DEPTH = 64                           # folder levels below the bundle root
+ARCHIVE_BYTES_ENV = "FIRSTFAULT_MAX_ARCHIVE_BYTES"
+_PIECE = 1024 * 1024                     # archive members expand this much at a time
+_IN_MEMORY = 32 * 1024 * 1024            # members kept in memory, all together; the rest are spooled
+
+
+class ArchiveLimitError(BundleError):
+    """An archive passes a cap: ``limit`` is "bytes" or "members", ``cap`` its value."""
+
+    def __init__(self, message: str, limit: str, cap: int) -> None:
+        super().__init__(message)
+        self.limit, self.cap = limit, cap
+
+
+def archive_cap_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """FIRSTFAULT_MAX_ARCHIVE_BYTES (bytes; K/M/G/T suffixes are powers of 1024), else the default."""
+    raw = (os.environ if environ is None else environ).get(ARCHIVE_BYTES_ENV, "").strip()
+    if not raw:
+        return MAX_ARCHIVE_BYTES
+    try:
+        return parse_size(raw)
+    except ValueError as exc:
+        raise BundleError(f"{ARCHIVE_BYTES_ENV}: {exc}") from None
+
+
+def parse_size(text: str) -> int:
+    """'1073741824', '512M', '4G', '1.5GiB' -> bytes (positive)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    if t[-1:] in "KMGT" and t[-1:]:
+        scale = 1024 ** ("KMGT".index(t[-1]) + 1)
+        t = t[:-1]
+    try:
+        value = int(float(t) * scale) if "." in t else int(t) * scale
+    except (ValueError, OverflowError):
+        raise ValueError(f"{text!r} is not a size in bytes (e.g. 1073741824, 512M, 4G)") from None
+    if value <= 0:
+        raise ValueError(f"{text!r} must be positive")
+    return value
 
 
 @dataclass(frozen=True)
@@ -51,14 +102,13 @@ class Bundle:
 
 def parse_workload(data: bytes | str | Mapping, origin: str = "workload.json") -> WorkloadRecord:
     """Validate the scheduler record; the error names the field."""
-    try:
-        raw = json.loads(data) if isinstance(data, (bytes, str)) else dict(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{origin} is not valid JSON: {exc}") from None
+    raw = load_json(data, origin) if isinstance(data, (bytes, str)) else dict(data)
     if not isinstance(raw, dict):
         raise BundleError(f"{origin} must hold a JSON object")
     try:
         return WorkloadRecord.model_validate(raw)
+    except RecursionError:          # a mapping handed in directly, nested past the stack
+        raise BundleError(f"{origin}: nested too deeply") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(root)"
@@ -99,29 +149,81 @@ def _bytes_chunks(data: bytes) -> Callable[[], Iterator[bytes]]:
     return gen
 
 
-def open_bundle(path: str | Path) -> Bundle:
+def open_bundle(path: str | Path, max_bytes: int | None = None) -> Bundle:
+    """A bundle directory or archive; ``max_bytes`` caps an archive's expansion (default: the env)."""
     p = Path(path)
     if not p.exists():
         raise BundleError(f"no such bundle: {p}")
     if p.is_dir():
         return _open_dir(p)
+    kind = archive_kind(p)
+    if kind is None:
+        raise BundleError(f"{p} is neither a directory nor a .tar.gz/.zip bundle")
+    cap = archive_cap_from_env() if max_bytes is None else max_bytes
+    return open_archive(p, kind, str(p), max_member=cap, max_total=cap)
+
+
+def archive_kind(p: Path) -> str | None:
     name = p.name.lower()
     if name.endswith((".tar.gz", ".tgz", ".tar")):
-        return open_archive(p.read_bytes(), "tar", str(p))
-    if name.endswith(".zip"):
-        return open_archive(p.read_bytes(), "zip", str(p))
-    raise BundleError(f"{p} is neither a directory nor a .tar.gz/.zip bundle")
+        return "tar"
+    return "zip" if name.endswith(".zip") else None
+
+
+def read_workload(path: Path) -> WorkloadRecord:
+    """workload.json from disk, refused before reading when it is implausibly big."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_WORKLOAD_BYTES:
+            raise BundleError(f"{path}: {size} bytes, more than a workload record can be "
+                              f"({MAX_WORKLOAD_BYTES} bytes)")
+        return parse_workload(path.read_bytes())
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def walk_files(root: Path, limit: int | None = None) -> list[Path]:
+    """Regular files under ``root`` (no links, nothing hidden), sorted as ``sorted(rglob)`` sorts.
+
+    Iterative, unlike rglob in Python 3.11 (a 1,000-deep tree raised RecursionError);
+    deeper than MAX_DEPTH or more than ``limit`` files is a BundleError naming the place.
+    """
+    out: list[Path] = []
+    stack: list[tuple[Path, int]] = [(root, 0)]
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError as exc:
+            raise BundleError(f"{folder}: cannot read the folder: {exc.strerror or exc}") from None
+        for e in entries:
+            if e.name.startswith("."):
+                continue
+            try:
+                mode = e.stat(follow_symlinks=False).st_mode
+            except OSError as exc:
+                raise BundleError(f"{e.path}: cannot read: {exc.strerror or exc}") from None
+            if stat.S_ISDIR(mode):
+                if depth + 1 >= MAX_DEPTH:
+                    rel = Path(e.path).relative_to(root).as_posix()
+                    raise BundleError(f"{root}: folders nested deeper than {MAX_DEPTH} levels "
+                                      f"({rel[:120]}{'…' if len(rel) > 120 else ''})")
+                stack.append((Path(e.path), depth + 1))
+            elif stat.S_ISREG(mode):
+                out.append(Path(e.path))
+                if limit is not None and len(out) > limit:
+                    raise BundleError(f"{root}: more than {limit} files")
+    return sorted(out)
 
 
 def _open_dir(root: Path) -> Bundle:
     wl = root / "workload.json"
     if not wl.is_file():
         raise BundleError(f"{root}: workload.json is missing")
-    workload = parse_workload(wl.read_bytes())
+    workload = read_workload(wl)
     files = []
-    for f in sorted(root.rglob("*")):
-        if not f.is_file() or f.is_symlink():
-            continue
+    for f in walk_files(root):
         rel = f.relative_to(root).as_posix()
         if _is_evidence(rel):
             files.append(BundleFile(path=rel, size=f.stat().st_size, open_chunks=_file_chunks(f)))
@@ -145,57 +247,177 @@ def _safe_name(name: str) -> str:
     return name.lstrip("./") if name.startswith("./") else name
 
 
-def open_archive(data: bytes, kind: str, origin: str = "archive",
+def _wanted(name: str) -> bool:
+    """Could this member be evidence or the record, with the layout at the root or under one folder?"""
+    under = name.split("/", 1)[1] if "/" in name else ""
+    return name == "workload.json" or under == "workload.json" or _is_evidence(name) or _is_evidence(under)
+
+
+class _Spool:
+    """Archive members as they expand, in pieces, against the caps; small ones kept in memory."""
+
+    def __init__(self, origin: str, max_member: int, max_total: int, deadline: float | None) -> None:
+        self.origin, self.max_member, self.max_total, self.deadline = origin, max_member, max_total, deadline
+        self.total = 0                  # uncompressed bytes of every member, read or declared
+        self.in_memory = 0
+        self.members: dict[str, tuple[int, bytes | Path]] = {}
+        self.dir: str | None = None
+
+    def too_big(self, what: str) -> ArchiveLimitError:
+        cap = min(self.max_member, self.max_total)
+        return ArchiveLimitError(f"{self.origin}: {what} expands beyond the size limit of {cap} bytes",
+                                 "bytes", cap)
+
+    def declare(self, name: str, size: int) -> None:
+        """A member's stated size, checked before any of it is read."""
+        if size > self.max_member:
+            raise self.too_big(f"archive member {name!r}")
+        if self.total + size > self.max_total:
+            raise self.too_big("the archive")
+
+    def skip(self, size: int) -> None:
+        self.total += size
+
+    def add(self, name: str, fh: IO[bytes]) -> None:
+        parts: list[bytes] = []
+        size = 0
+        out: IO[bytes] | None = None
+        path: Path | None = None
+        try:
+            while piece := fh.read(_PIECE):
+                size += len(piece)
+                self.total += len(piece)
+                if size > self.max_member:           # a zip member may lie about its size
+                    raise self.too_big(f"archive member {name!r}")
+                if self.total > self.max_total:
+                    raise self.too_big("the archive")
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    raise AnalysisTimeout("the analysis passed its deadline while expanding the archive")
+                if out is None and self.in_memory + size <= _IN_MEMORY and size <= CHUNK:
+                    parts.append(piece)
+                    continue
+                if out is None:
+                    path = self._file(len(self.members))
+                    out = path.open("wb")
+                    out.writelines(parts)
+                    parts = []
+                out.write(piece)
+        finally:
+            if out is not None:
+                out.close()
+        if path is not None:
+            self.members[name] = (size, path)
+        else:
+            self.in_memory += size
+            self.members[name] = (size, b"".join(parts))
+
+    def _file(self, n: int) -> Path:
+        if self.dir is None:
+            self.dir = tempfile.mkdtemp(prefix="firstfault-bundle-")
+        return Path(self.dir) / f"{n}.part"
+
+    def close(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def read(self, name: str) -> bytes:
+        size, where = self.members[name]
+        if size > MAX_WORKLOAD_BYTES:
+            raise BundleError(f"{self.origin}: {name} is {size} bytes, more than a workload record can be "
+                              f"({MAX_WORKLOAD_BYTES} bytes)")
+        return where.read_bytes() if isinstance(where, Path) else where
+
+
+def open_archive(data: bytes | str | Path, kind: str, origin: str = "archive",
                  max_member: int = MAX_MEMBER_BYTES, max_total: int = MAX_ARCHIVE_BYTES,
-                 max_members: int = MAX_MEMBERS) -> Bundle:
-    """Read a bundle archive held in memory (the CLI and the REST service share this)."""
-    members: dict[str, bytes] = {}
-    total = 0
+                 max_members: int = MAX_MEMBERS, deadline: float | None = None) -> Bundle:
+    """Read a bundle archive, held in memory or at a path (the CLI and the REST service share this).
+
+    Only members that can be evidence are kept; every member counts against the caps.
+    ``deadline`` (``time.monotonic()``) stops a long expansion with AnalysisTimeout.
+    """
+    spool = _Spool(origin, max_member, max_total, deadline)
+    try:
+        names = _expand(data, kind, origin, max_members, spool)
+        top = _strip_top(sorted(names))
+        if f"{top}workload.json" not in spool.members:
+            raise BundleError(f"{origin}: workload.json is missing")
+        workload = parse_workload(spool.read(f"{top}workload.json"))
+        files = {}
+        for name, (size, where) in spool.members.items():
+            if not name.startswith(top):
+                continue
+            rel = _safe_name(name[len(top):])
+            if _is_evidence(rel):
+                opener = _file_chunks(where) if isinstance(where, Path) else _bytes_chunks(where)
+                files[rel] = BundleFile(path=rel, size=size, open_chunks=opener)
+    except BaseException:
+        spool.close()
+        raise
+    bundle = Bundle(workload=workload, files=[files[k] for k in sorted(files)])
+    if spool.dir is not None:
+        weakref.finalize(bundle, shutil.rmtree, spool.dir, True)    # the files live as long as the bundle
+    return bundle
+
+
+def _source(data: bytes | str | Path) -> IO[bytes] | str | Path:
+    return io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+
+
+def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, spool: _Spool) -> list[str]:
+    """Check every member and spool the wanted ones; returns the names of the regular files."""
+    names: list[str] = []
     try:
         if kind == "zip":
-            with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            with zipfile.ZipFile(_source(data)) as zf:
                 infos = zf.infolist()
                 if len(infos) > max_members:
-                    raise BundleError(f"{origin}: more than {max_members} archive members")
+                    raise ArchiveLimitError(f"{origin}: more than {max_members} archive members",
+                                            "members", max_members)
                 for info in infos:
                     if info.is_dir():
                         continue
                     name = _safe_name(info.filename)
                     if (info.external_attr >> 16) & 0o170000 == 0o120000:
                         raise BundleError(f"archive member {name!r} is a link")
-                    if info.file_size > max_member or total + info.file_size > max_total:
-                        raise BundleError(f"{origin}: archive expands beyond the size limit")
+                    spool.declare(name, info.file_size)
+                    names.append(name)
+                    if not _wanted(name):
+                        spool.skip(info.file_size)
+                        continue
                     with zf.open(info) as fh:
-                        blob = fh.read(max_member + 1)
-                    if len(blob) > max_member:
-                        raise BundleError(f"{origin}: archive member {name!r} exceeds the size limit")
-                    total += len(blob)
-                    members[name] = blob
+                        spool.add(name, fh)
         else:
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+            src = _source(data)
+            opened = (tarfile.open(fileobj=src, mode="r:*") if not isinstance(src, (str, Path))
+                      else tarfile.open(src, mode="r:*"))
+            with opened as tf:
                 count = 0
                 for info in tf:
                     count += 1
                     if count > max_members:
-                        raise BundleError(f"{origin}: more than {max_members} archive members")
+                        raise ArchiveLimitError(f"{origin}: more than {max_members} archive members",
+                                                "members", max_members)
                     if info.isdir():
                         continue
                     name = _safe_name(info.name)
                     if info.issym() or info.islnk() or not info.isfile():
                         raise BundleError(f"archive member {name!r} is a link or a special file")
-                    if info.size > max_member or total + info.size > max_total:
-                        raise BundleError(f"{origin}: archive expands beyond the size limit")
+                    spool.declare(name, info.size)
+                    names.append(name)
+                    if not _wanted(name):
+                        spool.skip(info.size)         # tarfile seeks past it (decompressing, not keeping)
+                        continue
                     fh = tf.extractfile(info)
-                    blob = fh.read() if fh else b""
-                    total += len(blob)
-                    members[name] = blob
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
-        raise BundleError(f"{origin}: not a readable {kind} archive ({exc})") from None
-    top = _strip_top(sorted(members))
-    if f"{top}workload.json" not in members:
-        raise BundleError(f"{origin}: workload.json is missing")
-    workload = parse_workload(members[f"{top}workload.json"])
-    return bundle_from_files(workload, {n[len(top):]: b for n, b in members.items() if n.startswith(top)})
+                    if fh is not None:
+                        spool.add(name, fh)
+    except (tarfile.TarError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error,
+            lzma.LZMAError, NotImplementedError, RuntimeError, ValueError, OverflowError) as exc:
+        # Damaged or exotic archives fail in many ways (an encrypted zip: RuntimeError).
+        if isinstance(exc, BundleError):
+            raise
+        raise BundleError(f"{origin}: not a readable {kind} archive ({type(exc).__name__}: {exc})") from None
+    return names
 
 
 def bundle_from_files(workload: WorkloadRecord, files: Mapping[str, bytes | str]) -> Bundle:

@@ -18,6 +18,8 @@ import yaml
 
 from .decoders import DECODERS, ROLES, Tag, load_builtin_decoders
 from .errors import CatalogError
+from .redos import BUDGET_S, find_redos
+from .regex import LinearRegex, LineMatch, RegexError
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml when built in: 10x faster
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -45,7 +47,7 @@ class Pattern:
     sources: frozenset[str]
     anchors: tuple[str, ...]
     ignore_case: bool
-    regex: re.Pattern[str]
+    regex: LinearRegex
     kind: str
     types: Mapping[str, Any]
     constants: Mapping[str, Any]
@@ -60,6 +62,13 @@ class Pattern:
     match_examples: tuple[Example, ...]
     nomatch_examples: tuple[Example, ...]
     stamp_field: str | None = None          # a field holding the time the line states for itself
+    unless: LinearRegex | None = None       # a line this also matches is not this pattern's (RE2 has no look-around)
+
+    def search(self, message: str) -> LineMatch | None:
+        m = self.regex.search(message)
+        if m is None or (self.unless is not None and self.unless.search(message) is not None):
+            return None
+        return m
 
 
 @dataclass(frozen=True)
@@ -230,8 +239,8 @@ def _condition(raw: Any, lists: Mapping[str, Any], errs: _Errors, file: str, rid
         elif isinstance(value, Mapping):
             if "regex" in value:
                 try:
-                    terms.append((key, Matcher("regex", re.compile(str(value["regex"])))))
-                except re.error as exc:
+                    terms.append((key, Matcher("regex", LinearRegex(str(value["regex"])))))
+                except RegexError as exc:
                     errs.add(file, rid, f"{what}: bad regex for {key}: {exc}")
             elif "exists" in value:
                 terms.append((key, Matcher("exists", bool(value["exists"]))))
@@ -297,11 +306,12 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
     anchors = item.get("anchors") or []
     if not anchors or any(not isinstance(a, str) or len(a) < 3 for a in anchors):
         errs.add(file, rid, "anchors must be literal strings of at least 3 characters")
-    flags = re.IGNORECASE if item.get("ignore_case") else 0
     try:
-        regex = re.compile(str(item.get("regex", "")), flags)
-    except re.error as exc:
-        errs.add(file, rid, f"regex does not compile: {exc}")
+        regex = LinearRegex(str(item.get("regex", "")), bool(item.get("ignore_case")))
+        unless = LinearRegex(str(item["unless"]), bool(item.get("ignore_case"))) if item.get("unless") else None
+    except RegexError as exc:
+        errs.add(file, rid, f"regex does not compile: {exc} (RE2 has no look-around or back-references: "
+                            "exclude lines with `unless`)")
         return None
     if not item.get("regex"):
         errs.add(file, rid, "missing regex")
@@ -341,6 +351,7 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
         rank_field=item.get("rank"), host_field=item.get("host"), onset_field=item.get("onset_ms"),
         stamp_field=item.get("stamp"), aggregate_ranks=bool(item.get("aggregate_ranks", True)), priority=int(item.get("priority", 0)),
         references=tuple(item.get("references") or ()), match_examples=match, nomatch_examples=nomatch,
+        unless=unless,
     )
 
 
@@ -483,7 +494,37 @@ def load_catalog(overlay: str | Path | None = None) -> Catalog:
 
 def lint_catalog(overlay: str | Path | None = None) -> list[CatalogError]:
     files = catalog_files(BUILTIN_CATALOG, Path(overlay) if overlay else None)
-    _, errors = _build(files, str(overlay or BUILTIN_CATALOG), strict=False)
+    catalog, errors = _build(files, str(overlay or BUILTIN_CATALOG), strict=False)
+    return errors + redos_errors(catalog)
+
+
+def _regexes(catalog: Catalog) -> Iterable[tuple[str, str, str, LinearRegex]]:
+    """(file, rule id, what, regex) for every regex in the catalog."""
+    for pat in catalog.patterns:
+        yield pat.file, pat.id, "regex", pat.regex
+        if pat.unless is not None:
+            yield pat.file, pat.id, "unless", pat.unless
+    for rule in catalog.early:
+        for key, m in rule.when.terms:
+            if m.op == "regex":
+                yield rule.file, rule.id, f"when.{key}", m.arg
+    for rule in catalog.explains:
+        for what, cond in (("source", rule.source), ("target", rule.target)):
+            for key, m in cond.terms:
+                if m.op == "regex":
+                    yield rule.file, rule.id, f"{what}.{key}", m.arg
+
+
+def redos_errors(catalog: Catalog) -> list[CatalogError]:
+    """Patterns that backtrack catastrophically in a backtracking engine (rules/redos.py)."""
+    errors = []
+    for file, rid, what, rx in _regexes(catalog):
+        for f in find_redos(rx.pattern, rx.ignore_case):
+            took = f"; Python's re took {f.seconds:.2f} s on it" if f.seconds else ""
+            if f.seconds is not None and f.seconds >= BUDGET_S:
+                took = f"; Python's re ran past {BUDGET_S:g} s on it"
+            errors.append(CatalogError(file, rid, f"{what} backtracks catastrophically: {f.problem}; "
+                                                  f"witness: {f.witness}{took}"))
     return errors
 
 

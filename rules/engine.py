@@ -6,20 +6,21 @@ one rule run, so they agree on the same evidence.
 """
 from __future__ import annotations
 
-from datetime import timedelta
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from firstfault.schemas import Diagnosis, RawLine, WorkloadRecord
 
 from .bundle import Bundle, bundle_from_files, parse_workload
-from .errors import BundleError
+from .errors import AnalysisTimeout, BundleError
 from .intake import Intake, open_input
 from .catalog import Catalog, load_catalog
 from .diagnose import diagnose
-from .extract import ExtractStats, Extractor, LineMemory, source_of
+from .extract import MAX_LINE, ExtractStats, Extractor, LineMemory, source_of
 from .model import Ev, EventSet
 from .telemetry import (
     MetricsRead, crossing_events, crossings, line_texts, read_metrics_file, unparsed_events, wanted_lines,
@@ -72,7 +73,7 @@ def stream_inventory(workload: WorkloadRecord, paths: Iterable[str], metric_host
                                 set(metric_hosts) if has_metrics else None)
 
 
-def _feeds(f, workload: WorkloadRecord) -> bool:
+def _feeds(f, workload: WorkloadRecord, deadline: float | None = None) -> bool:
     """Does this file count as evidence of the workload? Any line for an application file;
     for a node-scoped file, a line inside the evidence horizon (or one with no stamp)."""
     from .diagnose import EVIDENCE_HORIZON_S, NODE_SCOPED
@@ -89,7 +90,9 @@ def _feeds(f, workload: WorkloadRecord) -> bool:
     span = timedelta(seconds=EVIDENCE_HORIZON_S)
     lo = workload.start_time - span
     hi = workload.end_time + span if workload.end_time else None
-    for chunk in _whole_lines(f.open_chunks()):
+    chunks = f.open_chunks() if deadline is None else _pieces(f.open_chunks(), DEADLINE_PIECE)
+    for chunk in _whole_lines(chunks):
+        _check(deadline)
         for raw in chunk.split(b"\n"):
             if not raw and chunk.endswith(b"\n"):
                 continue
@@ -101,8 +104,9 @@ def _feeds(f, workload: WorkloadRecord) -> bool:
     return False
 
 
-def _inventory(bundle: Bundle, metric_hosts: set[str] | None = None) -> dict[str, Any]:
-    paths = [f.path for f in bundle.files if f.kind != "metrics" and _feeds(f, bundle.workload)]
+def _inventory(bundle: Bundle, metric_hosts: set[str] | None = None,
+               deadline: float | None = None) -> dict[str, Any]:
+    paths = [f.path for f in bundle.files if f.kind != "metrics" and _feeds(f, bundle.workload, deadline)]
     has_metrics = any(f.kind == "metrics" and f.size for f in bundle.files)
     if has_metrics and metric_hosts is None:
         metric_hosts = set()               # metrics files without a readable sample name no host
@@ -135,7 +139,10 @@ def metric_events(workload: WorkloadRecord, read: MetricsRead,
 
 
 def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Progress | None = None,
-                   keep_events: bool = False, intake: Intake | None = None) -> Analysis:
+                   keep_events: bool = False, intake: Intake | None = None,
+                   deadline: float | None = None) -> Analysis:
+    """``deadline`` (a ``time.monotonic()`` value) stops the work between chunks with
+    AnalysisTimeout: a chunk is bounded work (linear-time matching), so the stop is prompt."""
     catalog = catalog or load_catalog()
     extractor = Extractor(catalog, bundle.workload)
     events = EventSet()
@@ -146,17 +153,22 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
     def step(n: int) -> None:
         nonlocal done
         done += n
+        _check(deadline)
         if progress is not None:
             progress(done, total)
+
+    def chunks(f: Any) -> Iterable[bytes]:
+        # With a deadline, smaller pieces: the check runs once a piece (the result is split-independent).
+        return f.open_chunks() if deadline is None else _pieces(f.open_chunks(), DEADLINE_PIECE)
 
     metrics = MetricsRead()
     lo, hi = metrics_window(bundle.workload)
     for f in bundle.files:
         if f.kind == "metrics":
             # One sample a line: series -> threshold crossings, after every file is read.
-            read_metrics_file(f.path, f.open_chunks(), bundle.workload.zone, metrics, lo, hi, progress=step)
+            read_metrics_file(f.path, chunks(f), bundle.workload.zone, metrics, lo, hi, progress=step)
             continue
-        stats.absorb(extractor.scan_file(f.path, f.open_chunks(), events, progress=step, source=f.kind))
+        stats.absorb(extractor.scan_file(f.path, chunks(f), events, progress=step, source=f.kind))
     if metrics.lines:
         opener = {f.path: f.open_chunks for f in bundle.files if f.kind == "metrics"}
         found = metric_events(bundle.workload, metrics, lambda path: opener[path]())
@@ -166,34 +178,50 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
         stats.absorb(ExtractStats(files=len(opener), lines=metrics.lines, candidates=crossed, matched=crossed,
                                   unparsed=sum(metrics.unparsed.values()),
                                   unparsed_refs=[(p, n) for p, n, _, _ in sorted(metrics.bad)[:10]]))
+    _check(deadline)
     evs = events.sorted()
     if intake is not None and intake.inferred and stats.lines == 0 and not metrics.lines:
         # No scheduler record and no line: nothing to diagnose (a record alone still is evidence).
         raise BundleError("nothing could be read: every log file is empty"
                           + (f" ({'; '.join(intake.warnings)})" if intake.warnings else ""))
-    inventory = _inventory(bundle, metrics.hosts if metrics.lines else None)
+    inventory = _inventory(bundle, metrics.hosts if metrics.lines else None, deadline)
     if intake is not None:
         inventory.update(intake.facts())
     diagnosis = diagnose(bundle.workload, evs, catalog, inventory)
     return Analysis(diagnosis=diagnosis, stats=stats, events=evs if keep_events else [])
 
 
+DEADLINE_PIECE = 1024 * 1024     # dense candidate lines cost ~1 s a MiB: the deadline's granularity
+
+
+def _pieces(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:
+    for chunk in chunks:
+        for i in range(0, len(chunk), size):
+            yield chunk[i:i + size]
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise AnalysisTimeout("the analysis passed its deadline and was stopped")
+
+
 def analyze_path(path: str | Path, rules: str | Path | None = None, progress: Progress | None = None,
-                 warn: Callable[[str], None] | None = None) -> Analysis:
+                 warn: Callable[[str], None] | None = None, deadline: float | None = None) -> Analysis:
     """Diagnose what a user has: a bundle (directory or archive), one log file, or a folder of
     logs in any layout. Raises BundleError for an unusable input; ``warn`` hears of skipped files."""
     intake = open_input(path)
     for message in intake.warnings:
         if warn is not None:
             warn(message)
-    return analyze_bundle(intake.bundle, load_catalog(rules), progress, intake=intake)
+    return analyze_bundle(intake.bundle, load_catalog(rules), progress, intake=intake, deadline=deadline)
 
 
 def analyze_files(workload: Mapping[str, Any] | WorkloadRecord, files: Mapping[str, bytes | str],
-                  rules: str | Path | None = None, catalog: Catalog | None = None) -> Analysis:
+                  rules: str | Path | None = None, catalog: Catalog | None = None,
+                  deadline: float | None = None) -> Analysis:
     """Diagnose in-memory evidence: the workload record and files keyed by bundle path."""
     wl = workload if isinstance(workload, WorkloadRecord) else parse_workload(workload)
-    return analyze_bundle(bundle_from_files(wl, files), catalog or load_catalog(rules))
+    return analyze_bundle(bundle_from_files(wl, files), catalog or load_catalog(rules), deadline=deadline)
 
 
 def extract_records(extractor: Extractor, records: Iterable[RawLine], events: EventSet,
@@ -208,7 +236,8 @@ def extract_records(extractor: Extractor, records: Iterable[RawLine], events: Ev
     for rec in records:
         stats.lines += 1
         source = rec.source or source_of(rec.path) or "app"
-        raw = rec.text.encode("utf-8", errors="surrogateescape")
+        # Only the first MAX_LINE bytes are matched (the reader flags the line as cut).
+        raw = rec.text.encode("utf-8", errors="surrogateescape")[:MAX_LINE + 1]
         hits = extractor.prefilter.scan(raw)
         if hits:
             stats.candidates += 1

@@ -1,6 +1,6 @@
 """The few exceptions every entry point maps the same way.
 
-``BundleError`` -> exit 2 on the CLI, 4xx on the service; ``RecordError`` -> the
+``BundleError`` -> exit 2 on the CLI, 4xx on the service; ``AnalysisTimeout`` -> 504; ``RecordError`` -> the
 dead-letter topic; ``CatalogError`` -> ``rules lint`` output, naming file and rule id.
 """
 from __future__ import annotations
@@ -16,6 +16,10 @@ class BundleError(FirstfaultError):
 
 class RecordError(FirstfaultError):
     """A streamed record cannot be decoded or validated."""
+
+
+class AnalysisTimeout(FirstfaultError):
+    """An analysis passed its deadline; the engine stopped between chunks (nothing kept)."""
 
 
 class CatalogError(FirstfaultError):

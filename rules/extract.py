@@ -6,6 +6,7 @@ runs the prefilter over one block of text and reads only the candidate lines.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
@@ -20,15 +21,19 @@ from firstfault.schemas import WorkloadRecord
 from .bundle import source_of
 from .catalog import Catalog, Pattern
 from .model import Ev, EventSet
-from .prefilter import Prefilter
+from .prefilter import Prefilter, TooManyHits
+from .regex import LineMatch
 from .prefixes import Head, StampContext, read_head
 from .stamps import parse_iso
 
 MIXED = "mixed"               # a file of unknown kind: any source's patterns apply
-MAX_LINE = 64 * 1024          # longer lines are read truncated (and flagged)
+MAX_LINE = 64 * 1024          # longer lines are matched on their first MAX_LINE bytes (and flagged)
+MAX_RANK = 10_000_000         # a larger "rank" is not one (and would not fit the event's Avro long)
+LONG = 2 ** 63                # Avro long: an int field outside it is kept as its text
+MAX_ONSET_MS = 366 * 86400 * 1000     # "ran for N ms" past a year is not a duration to subtract
 LOOKBACK = 64                 # lines searched upward for a stamp to inherit
 _HAS_TIME = re.compile(r"\d:\d\d:\d\d|\[\s*\d+\.\d+\]")
-_RANK_FILE = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
+_RANK_FILE = re.compile(r"rank[-_.]?(\d{1,7})", re.IGNORECASE)
 _PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?$")
 
 
@@ -188,7 +193,9 @@ class Extractor:
             self.scan_block(path, source, file_host, ctx, chunk, base_line, events, stats, tail)
             stats.lines += lines_here
             base_line += lines_here
-            tail = _last_lines(chunk, LOOKBACK)
+            # The look-back spans chunks: a chunk of a few lines (a slow writer, a small read)
+            # must not hide the stamped line just before it.
+            tail = (tail + _last_lines(chunk, LOOKBACK))[-LOOKBACK:]
             if progress is not None:
                 progress(len(chunk))
         return stats
@@ -197,7 +204,12 @@ class Extractor:
                    block: bytes, first_line: int, events: EventSet, stats: ExtractStats,
                    tail: list[bytes] | None = None) -> None:
         """Prefilter one block of consecutive lines of ``path`` starting at ``first_line``."""
-        hits = self.prefilter.scan(block)
+        try:
+            # Real logs hit a few anchors a line; far more means a line made of anchors.
+            hits = self.prefilter.scan(block, MAX_LINE, max_hits=8 * block.count(b"\n") + 10_000)
+        except TooManyHits:
+            block = _cut_long_lines(block, MAX_LINE + 1)
+            hits = self.prefilter.scan(block, MAX_LINE)
         if not hits:
             return
         line_no = first_line
@@ -226,7 +238,7 @@ class Extractor:
         damaged = truncated or "\ufffd" in text
         head = read_head(text, ctx)
         for pat in self._candidates(frozenset(anchor_ids), source):
-            m = pat.regex.search(head.message)
+            m = pat.search(head.message)
             if m is not None:
                 if head.stamp is None and head.quality != "order_only" and above is not None:
                     if isinstance(above, _Above):
@@ -248,18 +260,14 @@ class Extractor:
                       signature="\x1f".join(("unparsed", path)))
         return None
 
-    def _event(self, pat: Pattern, m: re.Match[str], head: Head, path: str, source: str,
+    def _event(self, pat: Pattern, m: LineMatch, head: Head, path: str, source: str,
                file_host: str | None, line_no: int, text: str, damaged: bool) -> Ev:
         fields: dict[str, Any] = dict(pat.constants)
         for name, value in m.groupdict().items():
             if value is None:
                 fields.setdefault(name, None)
                 continue
-            typ = pat.types.get(name, str)
-            try:
-                fields[name] = typ(value)
-            except ValueError:
-                fields[name] = value
+            fields[name] = _typed(pat.types.get(name, str), value)
         if damaged:
             fields["damaged_line"] = True
         if head.uptime is not None:
@@ -274,6 +282,8 @@ class Extractor:
         rank = head.rank
         if rank is None and pat.rank_field and isinstance(fields.get(pat.rank_field), int):
             rank = fields[pat.rank_field]
+        if rank is not None and not 0 <= rank < MAX_RANK:
+            rank = None
         if rank is None and source == "app":
             fm = _RANK_FILE.search(PurePosixPath(path).stem)
             rank = int(fm.group(1)) if fm else None
@@ -290,8 +300,12 @@ class Extractor:
             host = file_host or self.hosts.rank_host(rank) or self.hosts.sole
         pci = normalize_pci(fields.get(pat.gpu_field)) if pat.gpu_field else None
         onset = head.stamp
-        if head.stamp is not None and pat.onset_field and isinstance(fields.get(pat.onset_field), (int, float)):
-            onset = head.stamp - timedelta(milliseconds=fields[pat.onset_field])
+        ran_ms = fields.get(pat.onset_field) if pat.onset_field else None
+        if head.stamp is not None and isinstance(ran_ms, (int, float)) and 0 <= ran_ms <= MAX_ONSET_MS:
+            try:
+                onset = head.stamp - timedelta(milliseconds=ran_ms)
+            except OverflowError:           # a stamp near year 1
+                onset = head.stamp
         group = tuple(repr(fields.get(g)) for g in pat.group_by)
         rank_key = "*" if pat.aggregate_ranks else repr(rank)
         signature = "\x1f".join((pat.kind, pat.id, source, host or "", pci or "", rank_key) + group)
@@ -299,6 +313,19 @@ class Extractor:
                   text=text[:2000], host=host, pci=pci, rank=rank, stamp=head.stamp,
                   last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
                   count=1, ranks={rank} if rank is not None else set(), signature=signature)
+
+
+def _typed(typ: Any, value: str) -> Any:
+    """A captured group as its declared type; its text when the value does not fit one."""
+    try:
+        out = typ(value)
+    except (ValueError, OverflowError):     # 5,000 digits exceed int()'s string limit
+        return value
+    if typ is int and not -LONG <= out < LONG:
+        return value
+    if typ is float and not math.isfinite(out):
+        return value
+    return out
 
 
 def _own_stamp(head: Head, text: str | None, ctx: StampContext) -> None:
@@ -373,27 +400,46 @@ def _lines_above(block: bytes, start: int, tail: list[bytes] | None) -> Iterator
         n += 1
 
 
+def _cut_long_lines(block: bytes, cap: int) -> bytes:
+    """Each line to its first ``cap`` bytes (what the reader matches); line count unchanged."""
+    return b"\n".join(line[:cap] for line in block.split(b"\n"))
+
+
 def _last_lines(chunk: bytes, k: int) -> list[bytes]:
-    parts = chunk.rsplit(b"\n", k + 1)
-    return [p for p in parts[-k:] if p] if len(parts) > 1 else [chunk]
+    """The chunk's last ``k`` lines, empty ones included (their count places the others)."""
+    end = len(chunk) - 1 if chunk.endswith(b"\n") else len(chunk)
+    pos = end
+    for _ in range(k):                  # rfind, not rsplit: no copy of the rest of the chunk
+        pos = chunk.rfind(b"\n", 0, pos)
+        if pos < 0:
+            break
+    return chunk[pos + 1:end].split(b"\n")
 
 
-def _whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Re-cut arbitrary byte chunks at line ends (the last line may lack its newline)."""
+def _whole_lines(chunks: Iterable[bytes], cap: int = MAX_LINE + 1) -> Iterator[bytes]:
+    """Re-cut arbitrary byte chunks at line ends (the last line may lack its newline).
+
+    A line longer than ``cap`` that spans chunks is kept to its first ``cap`` bytes (the
+    reader matches that window and flags the line), so a 50 MiB line costs one pass over
+    its bytes and bounded memory; the line count is unchanged."""
     rest = b""
+    skipping = False            # inside a line already cut at ``cap``: drop bytes to its end
     for chunk in chunks:
         if not chunk:
             continue
+        if skipping:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                continue
+            chunk, skipping = chunk[nl:], False
         data = rest + chunk
         cut = data.rfind(b"\n")
-        if cut < 0:
+        if cut >= 0:
+            yield data[:cut + 1]
+            rest = data[cut + 1:]
+        else:
             rest = data
-            if len(rest) > 256 * 1024 * 1024:   # a file with no line ends at all: bound memory
-                yield rest
-                rest = b""
-            continue
-        yield data[:cut + 1]
-        rest = data[cut + 1:]
+        if len(rest) > cap:
+            rest, skipping = rest[:cap], True
     if rest:
         yield rest
-

@@ -17,8 +17,12 @@ from pathlib import Path, PurePosixPath
 
 from firstfault.schemas import WorkloadRecord
 
-from .bundle import Bundle, BundleFile, _file_chunks, open_archive, open_bundle, parse_workload
+from .bundle import (
+    MAX_WORKLOAD_BYTES, Bundle, BundleFile, _file_chunks, archive_cap_from_env, archive_kind, open_archive, open_bundle, parse_workload,
+    read_workload, walk_files,
+)
 from .errors import BundleError
+from .jsonsafe import load_json
 from .extract import _whole_lines, source_of
 from .prefixes import StampContext, read_head
 
@@ -42,10 +46,10 @@ _SKIP_SUFFIX = (".png", ".jpg", ".jpeg", ".gif", ".pdf", ".gz", ".tgz", ".zip", 
 
 # Hosts named in the lines themselves (beyond the prefixes read_head knows).
 _SLURM_ON = re.compile(r"\*\*\* (?:JOB|STEP) [\w.+]+ ON (?P<host>[A-Za-z0-9][\w.-]*) ")
-_TORCHRUN_HOST = re.compile(r"^\s*(?:\[\d+\]:)?\s*host\s*:\s*(?P<host>[A-Za-z0-9][\w.-]*)\s*$")
-_TORCHRUN_RANK = re.compile(r"^\s*(?:\[\d+\]:)?\s*rank\s*:\s*(?P<rank>\d+) \(local_rank")
+_TORCHRUN_HOST = re.compile(r"^(?:\s*\[\d{1,7}\]:)?\s*host\s*:\s*(?P<host>[A-Za-z0-9][\w.-]*)\s*$")
+_TORCHRUN_RANK = re.compile(r"^(?:\s*\[\d{1,7}\]:)?\s*rank\s*:\s*(?P<rank>\d+) \(local_rank")
 _NCCL_INIT = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<rank>\d+) nranks \d+ cudaDev \d+")
-_NCCL_BOOT = re.compile(r"NCCL INFO (?:Bootstrap : Using|NET/Socket : Using|NET/IB : Using) .*?\b(?:\w+):(?P<ip>\d+\.\d+\.\d+\.\d+)")
+_NCCL_BOOT = re.compile(r"NCCL INFO (?:Bootstrap : Using|NET/Socket : Using|NET/IB : Using) .{0,256}?\b(?:\w+):(?P<ip>\d+\.\d+\.\d+\.\d+)")
 # A shell prompt the user pasted with the output: "root@node1:~# dmesg -T", "(venv) user@gpu-3:~/x$ ..."
 _PROMPT = re.compile(r"^(?:\([\w.-]+\) )?[\w.-]+@(?P<host>[A-Za-z][\w.-]*):\S*[#$] ")
 _NOT_HOSTS = {"localhost", "kernel", "user", "root", "unknown", "(none)", "none"}
@@ -95,27 +99,24 @@ def _head_lines(path: Path, limit: int) -> tuple[list[str], bool]:
     return blob.decode("utf-8", "replace").splitlines()[:limit], False
 
 
-def open_input(path: str | Path) -> Intake:
-    """Any input a user has -> an Intake (a bundle, plus what was inferred to build it)."""
+def open_input(path: str | Path, max_archive_bytes: int | None = None) -> Intake:
+    """Any input a user has -> an Intake (a bundle, plus what was inferred to build it).
+
+    ``max_archive_bytes`` caps an archive's expansion (default: FIRSTFAULT_MAX_ARCHIVE_BYTES or 1 GiB).
+    """
     p = Path(path)
     if not p.exists():
         raise BundleError(f"no such file or folder: {p}")
-    name = p.name.lower()
-    if p.is_file() and name.endswith((".tar.gz", ".tgz", ".tar", ".zip")):
-        return _from_archive(p)
+    if p.is_file() and archive_kind(p) is not None:
+        return _from_archive(p, max_archive_bytes)
     if p.is_dir() and (p / "workload.json").is_file() and _contract_only(p) and not _partial_record(p):
         return Intake(bundle=open_bundle(p))
     if p.is_file():
         files = [(p.name, p)]
         root_name = p.stem or p.name
     elif p.is_dir():
-        files = []
-        for f in sorted(p.rglob("*")):
-            rel = f.relative_to(p)
-            if f.is_file() and not f.is_symlink() and not any(part.startswith(".") for part in rel.parts):
-                files.append((rel.as_posix(), f))
-                if len(files) > MAX_FILES:
-                    raise BundleError(f"{p}: more than {MAX_FILES} files")
+        # Iterative and bounded (depth, count): a hostile tree is a BundleError, not a RecursionError.
+        files = [(f.relative_to(p).as_posix(), f) for f in walk_files(p, limit=MAX_FILES)]
         root_name = p.name
     else:
         raise BundleError(f"{p} is neither a file nor a folder")
@@ -125,9 +126,7 @@ def open_input(path: str | Path) -> Intake:
 def _contract_only(root: Path) -> bool:
     """Does every log sit where the contract puts it? Then the bundle needs no sniffing
     (other JSON, Markdown and binary files beside it are not evidence, as before)."""
-    for f in root.rglob("*"):
-        if not f.is_file():
-            continue
+    for f in walk_files(root):
         rel = f.relative_to(root).as_posix()
         if any(part.startswith(".") for part in PurePosixPath(rel).parts) or source_of(rel) is not None:
             continue
@@ -137,9 +136,11 @@ def _contract_only(root: Path) -> bool:
     return True
 
 
-def _from_archive(p: Path) -> Intake:
-    kind = "zip" if p.name.lower().endswith(".zip") else "tar"
-    return Intake(bundle=open_archive(p.read_bytes(), kind, str(p)))
+def _from_archive(p: Path, max_bytes: int | None) -> Intake:
+    # Read from the path, never whole into memory; one cap for any member and for all together.
+    cap = archive_cap_from_env() if max_bytes is None else max_bytes
+    kind = archive_kind(p) or "tar"
+    return Intake(bundle=open_archive(p, kind, str(p), max_member=cap, max_total=cap))
 
 
 def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) -> Intake:
@@ -148,7 +149,7 @@ def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) 
     partial = _partial_record(root) if root is not None else None
     workload = None
     if workload_path is not None and workload_path.is_file() and partial is None:
-        workload = parse_workload(workload_path.read_bytes())
+        workload = read_workload(workload_path)
     chosen: list[BundleFile] = []
     for rel, f in files:
         if rel == "workload.json":
@@ -285,14 +286,14 @@ REQUIRED = ("workload_id", "state", "start_time")
 def _partial_record(root: Path) -> dict | None:
     """A workload.json that is a JSON object but lacks required keys (users write such records):
     its keys are kept and the rest inferred from the lines. None when complete or not an object."""
-    import json
-
     path = root / "workload.json"
     if not path.is_file():
         return None
     try:
-        raw = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError):
+        if path.stat().st_size > MAX_WORKLOAD_BYTES:
+            return None                    # read_workload refuses it, naming the size
+        raw = load_json(path.read_bytes(), "workload.json")
+    except (BundleError, OSError):
         return None                        # parse_workload says what is wrong with it
     if not isinstance(raw, dict) or all(raw.get(k) not in (None, "") for k in REQUIRED):
         return None

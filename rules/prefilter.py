@@ -2,7 +2,8 @@
 
 Hyperscan (the ``hyperscan`` binding) scans a chunk for every anchor at once at
 memory speed; without it, one compiled alternation of the escaped anchors (or a
-``bytes.find`` per anchor for tiny sets) does the same job more slowly. Either
+``bytes.find`` per anchor for tiny sets) does the same job more slowly.
+Both are linear in the chunk, however many anchors hit one line. Either
 way the result is, per candidate line, its start offset and the set of anchor
 ids that hit it.
 """
@@ -10,12 +11,25 @@ from __future__ import annotations
 
 import re
 import threading
+
+import re2
 from collections.abc import Sequence
 
 try:  # pragma: no cover - exercised when the binding is installed
     import hyperscan as _hs
 except ImportError:  # pragma: no cover
     _hs = None
+
+
+def _alternation(literals: list[bytes], case_sensitive: bool):
+    opts = re2.Options()
+    opts.case_sensitive = case_sensitive
+    opts.log_errors = False
+    return re2.compile(b"|".join(literals), opts)
+
+
+class TooManyHits(Exception):
+    """More anchor hits in one chunk than its lines can account for."""
 
 
 class Prefilter:
@@ -36,37 +50,62 @@ class Prefilter:
             insens = [re.escape(a.encode()) for a, ci in self.anchors if ci]
             self._lookup = {a.encode(): i for i, (a, ci) in enumerate(self.anchors) if not ci}
             self._lookup_ci = {a.lower().encode(): i for i, (a, ci) in enumerate(self.anchors) if ci}
-            self._re = re.compile(b"|".join(sens)) if sens else None
-            self._re_ci = re.compile(b"|".join(insens), re.IGNORECASE) if insens else None
+            # RE2 (linear in the chunk); Python's re would try every alternative at every byte.
+            self._re = _alternation(sens, True) if sens else None
+            self._re_ci = _alternation(insens, False) if insens else None
 
-    def scan(self, chunk: bytes) -> dict[int, set[int]]:
+    def scan(self, chunk: bytes, window: int | None = None, max_hits: int | None = None) -> dict[int, set[int]]:
+        """``window``: only a line's first ``window`` bytes are read later, so the overlap
+        check of the fallback engine looks no further (it is per line and per anchor).
+        ``max_hits``: raise TooManyHits past it (a line made of anchors: the caller cuts
+        long lines to their window and scans again, instead of one callback per hit)."""
         hits: dict[int, set[int]] = {}
         if self.engine == "hyperscan":
             found: list[tuple[int, int]] = []
 
-            def on_match(anchor_id: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
+            def on_match(anchor_id: int, _start: int, end: int, _flags: int, _ctx: object) -> bool:
                 found.append((end, anchor_id))
+                return max_hits is not None and len(found) > max_hits      # True halts the scan
 
             scratch = getattr(self._local, "scratch", None)
             if scratch is None:
                 scratch = self._local.scratch = _hs.Scratch(self._db)
-            self._db.scan(chunk, match_event_handler=on_match, scratch=scratch)
+            try:
+                self._db.scan(chunk, match_event_handler=on_match, scratch=scratch)
+            except _hs.ScanTerminated:          # our handler halted it: too many hits
+                raise TooManyHits(len(found)) from None
+            # Line starts in one forward pass: each byte is searched for a newline at most once
+            # (a look-back per hit was quadratic on a long line of hits).
+            found.sort()
+            start = lo = 0
             for end, anchor_id in found:
-                start = chunk.rfind(b"\n", 0, end) + 1
+                nl = chunk.rfind(b"\n", lo, end)
+                if nl >= 0:
+                    start = nl + 1
+                lo = max(lo, end)
                 hits.setdefault(start, set()).add(anchor_id)
             return hits
+        seen = 0
         for regex, table, fold in ((self._re, self._lookup, False), (self._re_ci, self._lookup_ci, True)):
             if regex is None:
                 continue
+            start = lo = 0
             for m in regex.finditer(chunk):
+                seen += 1
+                if max_hits is not None and seen > max_hits:
+                    raise TooManyHits(seen)
                 key = m.group(0).lower() if fold else m.group(0)
-                start = chunk.rfind(b"\n", 0, m.start()) + 1
+                nl = chunk.rfind(b"\n", lo, m.start())
+                if nl >= 0:
+                    start = nl + 1
+                lo = max(lo, m.start())
                 hits.setdefault(start, set()).add(table[key])
         # An alternation reports one anchor per position; add anchors that overlap it.
         if len(self.anchors) > 1:
             for start in list(hits):
                 end = chunk.find(b"\n", start)
-                line = chunk[start:end if end >= 0 else len(chunk)]
+                end = len(chunk) if end < 0 else end
+                line = chunk[start:min(end, start + window) if window else end]
                 low = None
                 for i, (a, ci) in enumerate(self.anchors):
                     if i in hits[start]:

@@ -19,18 +19,18 @@ _MON = r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 # RFC 3164: "Nov  2 10:03:11 node-02 kernel: " (host may be missing: "Aug 19 11:38:39  NVRM: ...")
 _RFC3164 = re.compile(
     _MON + r" (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
-    r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d+)\])?: )?")
+    r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d{1,10})\])?: )?")
 # journal / RFC 5424-ish: "2026-11-02T10:03:11.123456+00:00 node-02 kernel: "
 _ISO_HOST = re.compile(
     r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) "
-    r"(?P<host>[\w.-]+) (?P<prog>[\w./@-]+)(?:\[(?P<pid>\d+)\])?: ")
+    r"(?P<host>[\w.-]+) (?P<prog>[\w./@-]+)(?:\[(?P<pid>\d{1,10})\])?: ")
 # bare ISO (dmesg --time-format iso, python logging "2026-11-02 10:01:00,123 ")
 _ISO_BARE = re.compile(
     r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?: - |:? |$)")
 # Open MPI --tag-output / --timestamp-output: "[1,12]<stdout>:" (job, rank)
-_MPI_TAG = re.compile(r"\[(?P<job>\d+),(?P<rank>\d+)\]<(?:stdout|stderr)>: ?")
+_MPI_TAG = re.compile(r"\[(?P<job>\d{1,10}),(?P<rank>\d{1,7})\]<(?:stdout|stderr)>: ?")
 # "[gpu187:2]:" host and local rank tags (multi-node launchers that tag each line)
-_HOST_RANK = re.compile(r"\[(?P<host>[A-Za-z][\w.-]*):(?P<local>\d+)\]: ?")
+_HOST_RANK = re.compile(r"\[(?P<host>[A-Za-z][\w.-]*):(?P<local>\d{1,5})\]: ?")
 # "[2026-11-02 10:01:00,123] " / slurmctld "[2026-11-02T10:21:14.123] "
 _ISO_BRACKET = re.compile(
     r"\[(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]:? ")
@@ -44,8 +44,8 @@ _FM = re.compile(
     r"\[" + _MON + r" (?P<day>\d\d) (?P<year>\d{4}) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)\] "
     r"\[(?P<level>[A-Z]+)\] (?:\[tid \d+\] )?")
 _SRUN_LABEL = re.compile(r"\s{0,8}(?P<rank>\d{1,7}): ")
-_TORCHRUN = re.compile(r"\[default(?P<local>\d+)\]:")
-_RANK_TAG = re.compile(r"\[rank(?P<rank>\d+)\]:")
+_TORCHRUN = re.compile(r"\[default(?P<local>\d{1,5})\]:")
+_RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,7})\]:")
 # glog as PyTorch C++ prints it: "[E1102 10:13:12.044871 ProcessGroupNCCL.cpp:632] ",
 # with a thread id in some builds, and the old "[E ProcessGroupNCCL.cpp:737] ".
 _GLOG_BRACKET = re.compile(
@@ -56,7 +56,7 @@ _GLOG_BARE = re.compile(
     r"(?P<level>[EWIF])(?P<mo>\d{1,2})(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)\.(?P<frac>\d+)\s+"
     r"\d+ (?P<src>[\w./-]+:\d+)\] ")
 # NCCL: "gpu004:2200689:2200706 [3] "
-_NCCL = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
+_NCCL = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,4})\] ")
 # Talos / kmsg forwarders: "192.168.11.119: kern: warning: [2026-04-22T21:25:20.458998481Z]: "
 _KMSG_HOST = re.compile(
     r"(?P<host>[\w.:-]+?): (?:kern|user|daemon|auth|syslog):\s+\w+: \[(?P<iso>\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)\]: ")
@@ -70,7 +70,7 @@ _MARKDOWN = re.compile(r"(?:> ?)+|\*\*|`{3,}")     # a single backtick is conten
 _COMPOSE = re.compile(r"(?P<svc>[a-z0-9][\w.-]*[-_]\d+)\s+\| ")
 # Ray and vLLM worker tags: "(RayTrainWorker pid=5137, ip=10.128.0.103) ", "(VllmWorker rank=0 pid=104) ",
 # "(raylet) ", "(pid=4331) ".
-_PROC_TAG = re.compile(r"\((?P<who>[A-Za-z_][\w.:-]*)?(?: ?rank=(?P<rank>\d+))?(?:,? ?pid=(?P<pid>\d+))?(?:, ip=(?P<ip>[\d.]+))?(?:, [\w=.-]+)*\)\s")
+_PROC_TAG = re.compile(r"\((?P<who>[A-Za-z_][\w.:-]*)?(?: ?rank=(?P<rank>\d{1,7}))?(?:,? ?pid=(?P<pid>\d{1,10}))?(?:, ip=(?P<ip>[\d.]+))?(?:, [\w=.-]+)*\)\s")
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
         if head.stamp is None:
             hh, mi, ss = _hms(m)
             head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
-            head.quality = "exact"
+            head.quality = "exact" if head.stamp else "none"
     elif name == "dmesg_uptime":
         head.uptime = float(m["up"])
         if head.stamp is None:
@@ -189,7 +189,7 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
         if head.stamp is None:
             hh, mi, ss = _hms(m)
             head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{m['day']}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
-            head.quality = "exact"
+            head.quality = "exact" if head.stamp else "none"
     elif name in ("glog_bracket", "glog_bare", "vllm"):
         if head.stamp is None and m["mo"]:
             hh, mi, ss = _hms(m)

@@ -2,12 +2,19 @@
 
 Pure functions. Stamps that carry no year (RFC 3164 syslog, glog ``E1102``) take
 the year that puts them closest to the workload's start; stamps with no zone are
-read in the workload's time zone.
+read in the workload's time zone. A stamp outside the years 1970 to 2999 (the
+workload record's own bounds) is no stamp: near datetime's limits the engine's
+horizon arithmetic would overflow, and no training job logged then.
 """
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
+
+EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
+LATEST = datetime(3000, 1, 1, tzinfo=timezone.utc)       # exclusive
+# timedelta's own limit is 10^9 days; a kernel uptime past a century is garbage anyway.
+_MAX_UPTIME_S = 100 * 366 * 86400.0
 
 MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
@@ -35,9 +42,14 @@ def with_year(month: int, day: int, hh: int, mm: int, ss: int, micro: int,
     if year is None:
         return None
     try:
-        return datetime(year, month, day, hh, mm, ss, micro, tzinfo=zone).astimezone(timezone.utc)
-    except ValueError:
+        return plausible(datetime(year, month, day, hh, mm, ss, micro, tzinfo=zone).astimezone(timezone.utc))
+    except (ValueError, OverflowError):
         return None
+
+
+def plausible(value: datetime | None) -> datetime | None:
+    """``value`` if it falls in the supported years, else None (an aware UTC datetime in, out)."""
+    return value if value is not None and EARLIEST <= value < LATEST else None
 
 
 def micro_of(frac: str | None) -> int:
@@ -65,17 +77,21 @@ def parse_iso(text: str, zone: tzinfo) -> datetime | None:
         t = head + "." + (digits + "000000")[:6] + rest[i:]
     try:
         value = datetime.fromisoformat(t)
-    except ValueError:
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=zone)
+        # 9999-12-31T23:00-05:00 is past datetime.max in UTC: OverflowError, not a stamp.
+        return plausible(value.astimezone(timezone.utc))
+    except (ValueError, OverflowError):
         return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=zone)
-    return value.astimezone(timezone.utc)
 
 
 def from_uptime(boot: datetime | None, seconds: float) -> datetime | None:
-    if boot is None:
+    if boot is None or not 0 <= seconds <= _MAX_UPTIME_S:     # also refuses NaN
         return None
-    return boot + timedelta(seconds=seconds)
+    try:
+        return plausible(boot + timedelta(seconds=seconds))
+    except OverflowError:
+        return None
 
 
 def iso_z(value: datetime | None) -> str | None:

@@ -170,7 +170,7 @@ def parse_sample(raw: bytes, zone: tzinfo) -> tuple[dict[str, Any] | None, str |
     """One JSONL line -> (sample fields, host named if any, reason it is not a sample)."""
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):     # RecursionError: nested 100k deep
         return None, None, "not JSON"
     if not isinstance(doc, dict):
         return None, None, "not a JSON object"

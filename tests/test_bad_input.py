@@ -96,3 +96,180 @@ def test_archive_with_unsafe_member_is_refused(tmp_path, kind, suffix):
     path.write_bytes(_archive(kind, members))
     r = run("analyze", path)
     assert r.returncode == 2 and "unsafe path" in r.stderr
+
+
+# ---------------------------------------------------------------- issue 10, finding 6: overflow and depth
+
+WL = json.dumps(BASE_WORKLOAD)
+XID = b"kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid=1, GPU has fallen off the bus.\n"
+
+
+@pytest.mark.parametrize("content, says", [
+    (WL[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}", "field 'deep': nested deeper than 64 levels"),
+    (WL[:-1] + ', "attempt": ' + "9" * 5000 + "}", "field 'attempt': an integer of 5000 digits"),
+    (WL[:-1] + ', "note": ' + "9" * 5000 + "}", "field 'note': an integer of 5000 digits"),
+    (json.dumps({**BASE_WORKLOAD, "attempt": 2 ** 70}), "field 'attempt'"),
+    (json.dumps({**BASE_WORKLOAD, "time_limit_s": 10 ** 30}), "field 'time_limit_s'"),
+    (json.dumps({**BASE_WORKLOAD, "boot_times": {"node-01": "9999-12-31T23:59:59Z"}}), "field 'boot_times.node-01'"),
+    (json.dumps({**BASE_WORKLOAD, "start_time": 10 ** 30}), "field 'start_time'"),
+    (json.dumps({**BASE_WORKLOAD, "nodes": [f"n{i}" for i in range(2000)], "gpus_per_node": 1024}),
+     "nodes x gpus_per_node is 2048000"),
+], ids=["nested-100k", "5000-digit-attempt", "5000-digit-extra", "attempt-2^70", "time-limit-1e30", "boot-9999",
+        "epoch-1e30", "ranks-2M"])
+def test_overflowing_or_deep_workload_json_exits_2_naming_the_field(tmp_path, content, says):
+    (tmp_path / "workload.json").write_text(content)
+    (tmp_path / "logs" / "app").mkdir(parents=True)
+    (tmp_path / "logs" / "app" / "node-01.log").write_text("0: hello\n")
+    r = run("analyze", tmp_path)
+    assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("files", [
+    {"logs/syslog/node-02.log": b"9999-12-31T23:59:59-05:00 node-02 " + XID},
+    {"logs/syslog/node-02.log": b"0001-01-01T00:00:00+05:00 node-02 " + XID},
+    {"logs/syslog/node-01.log": b"[99999999999999999.000000] NVRM: Xid (PCI:0000:1b:00): 79, pid=1, GPU has fallen "
+                                b"off the bus.\n"},
+], ids=["iso-9999", "iso-0001", "uptime-1e17"])
+def test_a_line_whose_stamp_overflows_is_read_unstamped(make_bundle, files):
+    root = make_bundle({**BASE_WORKLOAD, "boot_times": {"node-01": "2026-11-02T09:00:00Z"}}, files)
+    r = run("analyze", root, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["domain"] == "gpu" and d["root_cause"]["timestamp"] is None
+
+
+def test_a_bare_log_whose_stamps_overflow_still_gives_a_diagnosis(tmp_path):
+    log = tmp_path / "dmesg.log"
+    log.write_bytes(b"9999-12-31T23:59:59-05:00 node-02 " + XID)
+    r = run("analyze", log, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["domain"] == "gpu", r.stderr
+
+
+def _deep(root, levels: int, under: tuple[str, ...] = ()) -> None:
+    """A file ``levels`` folders down, made with dir fds (paths past PATH_MAX need them)."""
+    import os
+
+    fd = os.open(root, os.O_RDONLY)
+    for part in (*under, *["a"] * levels):
+        os.mkdir(part, dir_fd=fd)
+        nfd = os.open(part, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    out = os.open("x.log", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(out, b"0: hello\n")
+    os.close(out)
+    os.close(fd)
+
+
+@pytest.fixture
+def deep_root(tmp_path):
+    """A folder for a deep tree, removed by rm(1): pytest's own clean-up (shutil.rmtree) recurses
+    once a level and would fail on it in a later session, for everyone sharing the temp root."""
+    root = tmp_path / "deep"
+    root.mkdir()
+    yield root
+    subprocess.run(["rm", "-rf", "--", str(root)], check=True)
+
+
+@pytest.mark.parametrize("with_workload, levels", [(True, 1000), (False, 1000), (True, 3000)])
+def test_folders_1000_deep_exit_2_naming_the_place(deep_root, with_workload, levels):
+    if with_workload:
+        (deep_root / "workload.json").write_text(WL)
+    _deep(deep_root, levels, ("logs", "app") if with_workload else ())
+    r = run("analyze", deep_root)
+    assert r.returncode == 2 and "folders nested deeper than 64 levels" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_folders_a_few_levels_deep_still_work(tmp_path):
+    (tmp_path / "workload.json").write_text(WL)
+    _deep(tmp_path, 20, ("logs", "app"))
+    r = run("analyze", tmp_path, "--json")
+    assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------- issue 10, finding 7: archive expansion
+
+def _bomb(path, kind: str, size: int, name: str = "logs/app/node-01.log") -> None:
+    """An archive whose one log expands to ``size`` bytes of short lines, written in pieces."""
+    piece = b"0: hello\n" * (1024 * 1024 // 9)
+    if kind == "zip":
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+            zf.writestr("workload.json", WL)
+            with zf.open(zipfile.ZipInfo(name), "w", force_zip64=True) as out:
+                for _ in range(size // len(piece)):
+                    out.write(piece)
+        return
+
+    class Lines(io.RawIOBase):
+        left = size // len(piece) * len(piece)
+
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            k = min(len(b), self.left, len(piece))
+            b[:k] = piece[:k]
+            self.left -= k
+            return k
+
+    with tarfile.open(path, "w:gz", compresslevel=1) as tf:
+        info = tarfile.TarInfo("workload.json")
+        info.size = len(WL)
+        tf.addfile(info, io.BytesIO(WL.encode()))
+        info = tarfile.TarInfo(name)
+        info.size = Lines.left
+        tf.addfile(info, io.BufferedReader(Lines(), 1 << 20))
+
+
+@pytest.mark.parametrize("kind, suffix", [("tar", ".tar.gz"), ("zip", ".zip")])
+def test_archive_expansion_past_the_cap_exits_2_naming_it(tmp_path, kind, suffix, monkeypatch):
+    path = tmp_path / f"bomb{suffix}"
+    _bomb(path, kind, 8 * 1024 * 1024)
+    r = run("analyze", path, "--max-archive-bytes", "4M")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "beyond the size limit of 4194304 bytes" in r.stderr and "--max-archive-bytes" in r.stderr
+    assert "FIRSTFAULT_MAX_ARCHIVE_BYTES" in r.stderr
+    monkeypatch.setenv("FIRSTFAULT_MAX_ARCHIVE_BYTES", "4M")
+    assert run("analyze", path).returncode == 2
+    assert run("analyze", path, "--max-archive-bytes", "16M").returncode == 0      # the flag wins
+    monkeypatch.setenv("FIRSTFAULT_MAX_ARCHIVE_BYTES", "lots")
+    r = run("analyze", path)
+    assert r.returncode == 2 and "FIRSTFAULT_MAX_ARCHIVE_BYTES: 'lots' is not a size" in r.stderr
+
+
+def test_the_default_archive_cap_is_the_services(tmp_path):
+    from firstfault.connectors.api.settings import ServiceSettings
+    from firstfault.rules.bundle import archive_cap_from_env
+
+    assert archive_cap_from_env({}) == ServiceSettings().max_archive_bytes == 1024 ** 3
+
+
+@pytest.mark.parametrize("kind, suffix", [("tar", ".tar.gz"), ("zip", ".zip")])
+def test_archive_members_are_not_held_whole_in_memory(tmp_path, kind, suffix):
+    # A 192 MiB log in the archive: the old reader held it (and the archive) in memory.
+    path = tmp_path / f"big{suffix}"
+    size = 192 * 1024 * 1024
+    _bomb(path, kind, size)
+    probe = ("import resource, sys\nfrom firstfault.cli import main\n"
+             f"rc = main(['analyze', {str(path)!r}, '--json'])\n"
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr)\n"
+             "sys.exit(rc)\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    peak_mib = int(r.stderr.strip().splitlines()[-1])
+    assert peak_mib < 160, f"peak RSS {peak_mib} MiB for a {size >> 20} MiB member"
+
+
+@pytest.mark.parametrize("files", [
+    {"metrics/node-01.jsonl": b"[" * 100_000 + b"]" * 100_000 + b"\n"},                       # RecursionError before
+    {"logs/fabricmanager/node-01.log": b"[Dec 31 99999 23:59:59] [ERROR] [tid 1] NVSwitch fatal\n"},
+    {"logs/app/rank0.log": b"[rank99999999999999999999999]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught "
+                           b"collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)=600000) "
+                           b"ran for 100000000000000 milliseconds before timing out.\n"},
+], ids=["metrics-nested-100k", "fm-year-99999", "rank-and-ran-for-overflow"])
+def test_overflowing_lines_in_other_sources_give_a_diagnosis(make_bundle, files):
+    root = make_bundle(BASE_WORKLOAD, files)
+    r = run("analyze", root, "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["workload_id"] == BASE_WORKLOAD["workload_id"]

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from catalog_rx import CatalogRx
+
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = ROOT / "rules" / "catalog"
 EXTRACT_FILES = [CATALOG / "extract" / "app.yaml", CATALOG / "extract" / "scheduler.yaml"]
@@ -79,7 +81,7 @@ def patterns() -> tuple[dict[str, Any], ...]:
     out = []
     for path in EXTRACT_FILES:
         for item in _load(path).get("patterns") or []:
-            out.append({**item, "_file": path.name, "_rx": re.compile(item["regex"], re.IGNORECASE if item.get("ignore_case") else 0)})
+            out.append({**item, "_file": path.name, "_rx": CatalogRx(item)})
     return tuple(out)
 
 

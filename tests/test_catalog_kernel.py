@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from catalog_rx import CatalogRx
+
 ROOT = Path(__file__).resolve().parents[1]
 EXTRACT = ROOT / "rules" / "catalog" / "extract" / "kernel.yaml"
 EARLY = ROOT / "rules" / "catalog" / "early" / "kernel.yaml"
@@ -72,8 +74,7 @@ RULES: list[dict[str, Any]] = EARLY_DOC.get("rules") or []
 TAXO = (_load(TAXONOMY).get("domains") or {})
 LISTS = EARLY_DOC.get("lists") or {}
 
-COMPILED = {p["id"]: re.compile(p["regex"], re.IGNORECASE if p.get("ignore_case") else 0)
-            for p in PATTERNS}
+COMPILED = {p["id"]: CatalogRx(p) for p in PATTERNS}
 BY_PRIORITY = sorted(PATTERNS, key=lambda p: (-int(p.get("priority", 0)), p["id"]))
 
 

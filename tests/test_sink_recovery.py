@@ -163,3 +163,56 @@ def test_kubernetes_cordon_and_the_command_line(tmp_path, diag, capsys):
     assert code == 0
     assert captured.out.startswith("DRY-RUN scontrol update NodeName=node-02 State=DRAIN Reason=\"firstfault: ")
     assert captured.out.count("\n") == 1 and "REFUSED slurm-4472230#0: status ambiguous" in captured.err
+
+
+def hint(d, nodes: list[str], i: int):
+    """The same fault whose recovery hint names ``nodes`` (hostlist expressions allowed)."""
+    return d.model_copy(update={"workload_id": f"slurm-{8000 + i}", "diagnosis_id": f"sha256:{0xfeed00 + i:032x}",
+                                "recovery": d.recovery.model_copy(update={"nodes": nodes})})
+
+
+def test_a_hostlist_counts_every_node_it_names(tmp_path, diag):
+    # Finding 4 of issue 10: gpu[001-512] counted as one node and drained 512 past a cap of 4.
+    sink, out = make(tmp_path, max_nodes_per_hour=4)
+    d = diag["gpu-fell-off-bus-32node"]
+    rec = sink.handle(hint(d, ["gpu[001-512]"], 1))
+    assert rec.decision == "refused" and rec.commands == [] and out.getvalue() == ""
+    assert rec.reason.startswith("rate limit: 0 node(s) in the last hour, at most 4")
+    assert len(rec.nodes) == 512 and rec.nodes[0] == "gpu001" and rec.nodes[-1] == "gpu512"
+
+
+def test_a_small_hostlist_gets_one_command_per_node_and_counts_them(tmp_path, diag):
+    sink, out = make(tmp_path, max_nodes_per_hour=4)
+    d = diag["gpu-fell-off-bus-32node"]
+    rec = sink.handle(hint(d, ["gpu[001-002],gpu007", "gpu002"], 1))
+    assert rec.decision == "dry_run" and rec.nodes == ["gpu001", "gpu002", "gpu007"]
+    assert [line.split()[3] for line in out.getvalue().splitlines()] == [
+        "NodeName=gpu001", "NodeName=gpu002", "NodeName=gpu007"]
+    assert "[" not in out.getvalue()
+    # 3 real nodes in the hour: one more fits the cap of 4, two more do not.
+    assert sink.handle(hint(d, ["gpu[008-009]"], 2)).reason.startswith("rate limit: 3 node(s)")
+    assert sink.handle(hint(d, ["gpu[007-008]"], 3)).nodes == ["gpu008"]       # gpu007 was already drained
+    again, _ = make(tmp_path, max_nodes_per_hour=4)                              # restart: the log counts 4
+    assert again.handle(hint(d, ["gpu010"], 4)).reason.startswith("rate limit: 4 node(s)")
+
+
+@pytest.mark.parametrize("nodes, why", [
+    (["gpu[001-"], "cannot expand the node list 'gpu[001-'"),
+    (["gpu[5-1]"], "cannot expand"),
+    (["gpu[0-999999999999]"], "expands to more than 1024 hosts"),
+    (["gpu[0001-0600]", "cpu[0001-0600]"], "names more than 1024 nodes"),
+    (["node-01 State=RESUME"], "not a slurm node name: 'State=RESUME'"),   # whitespace splits a hostlist
+    (["node=01"], "not a slurm node name: 'node=01'"),
+])
+def test_a_node_list_that_cannot_be_expanded_is_refused_with_no_command(tmp_path, diag, nodes, why):
+    sink, out = make(tmp_path, max_nodes_per_hour=10_000, max_fleet_fraction=1.0, fleet_size=100_000)
+    rec = sink.handle(hint(diag["gpu-fell-off-bus-32node"], nodes, 1))
+    assert rec.decision == "refused" and why in rec.reason and rec.commands == [] and out.getvalue() == ""
+    [logged] = audit(tmp_path)
+    assert logged.reason == rec.reason and logged.detail["hint"] == nodes
+
+
+def test_kubernetes_refuses_a_name_that_is_not_a_node(tmp_path, diag):
+    sink, out = make(tmp_path, scheduler="kubernetes")
+    rec = sink.handle(hint(diag["gpu-fell-off-bus-32node"], ["gpu[001-512]"], 1))
+    assert rec.decision == "refused" and "not a kubernetes node name" in rec.reason and out.getvalue() == ""

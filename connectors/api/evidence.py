@@ -6,7 +6,6 @@ Runs in an engine thread: JSON parsing and decompression are CPU work too.
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -14,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from firstfault.rules.bundle import Bundle, bundle_from_files, open_archive, parse_workload
 from firstfault.rules.errors import BundleError
+from firstfault.rules.jsonsafe import JsonLimitError, load_json
 from firstfault.schemas import WorkloadRecord
 
 from .errors import ApiError
@@ -80,11 +80,13 @@ def _encode(text: str) -> bytes:
         return text.encode("utf-8", "replace")
 
 
-def from_json(body: bytes, settings: ServiceSettings) -> Bundle:
+def from_json(body: bytes, settings: ServiceSettings, deadline: float | None = None) -> Bundle:
     try:
-        raw = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+        raw = load_json(body, "the body")          # nesting and integer digits bounded, naming the field
+    except JsonLimitError as exc:
+        raise ApiError(422, "invalid_request", str(exc)) from None
+    except BundleError as exc:
+        raise ApiError(400, "invalid_json", str(exc)) from None
     if isinstance(raw, dict) and isinstance(raw.get("files"), dict):
         check_file_count(len(raw["files"]), settings)   # before validating a huge map
     try:
@@ -104,20 +106,20 @@ def from_json(body: bytes, settings: ServiceSettings) -> Bundle:
         bundle = bundle_from_files(workload, {p: _encode(t) for p, t in env.files.items()})
     except BundleError as exc:
         raise ApiError(422, "invalid_bundle", str(exc)) from None
-    check_lines(bundle, settings)
+    check_lines(bundle, settings, deadline)
     return bundle
 
 
-def from_archive(body: bytes, kind: str, settings: ServiceSettings) -> Bundle:
+def from_archive(body: bytes, kind: str, settings: ServiceSettings, deadline: float | None = None) -> Bundle:
     cap = settings.max_archive_bytes
     try:
         # One uncompressed cap for any member and for all of them together.
         bundle = open_archive(body, kind, origin="request body", max_member=cap, max_total=cap,
-                              max_members=settings.max_files)
+                              max_members=settings.max_files, deadline=deadline)
     except BundleError as exc:
-        raise classify_archive_error(str(exc)) from None
+        raise classify_archive_error(exc) from None
     check_workload_times(bundle.workload)
-    check_lines(bundle, settings)
+    check_lines(bundle, settings, deadline)
     return bundle
 
 
@@ -131,8 +133,9 @@ def check_media_type(content_type: str | None) -> str:
     return mt
 
 
-def bundle_from_body(body: bytes, content_type: str | None, settings: ServiceSettings) -> Bundle:
+def bundle_from_body(body: bytes, content_type: str | None, settings: ServiceSettings,
+                     deadline: float | None = None) -> Bundle:
     mt = check_media_type(content_type)
     if mt == JSON:
-        return from_json(body, settings)
-    return from_archive(body, ARCHIVE_TYPES[mt], settings)
+        return from_json(body, settings, deadline)
+    return from_archive(body, ARCHIVE_TYPES[mt], settings, deadline)

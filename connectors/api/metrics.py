@@ -14,6 +14,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client import multiprocess
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+# Label values come from fixed sets: a client may send any method or path, and every new
+# label value is a new series held for the process's life (/metrics needs no token).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -63,9 +66,11 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             route: Any = scope.get("route")
-            # Unmatched paths share one label so scanners cannot blow up the series count.
+            # Route templates, never raw paths: unmatched paths share one label.
             template = (getattr(route, "path_format", None) or getattr(route, "path", None)
                         or ("/ui/static" if scope["path"].startswith("/ui/static/") else "unmatched"))
             method = scope.get("method", "GET")
-            self.metrics.requests.labels(method, template, str(status["code"])).inc()
+            method = method if method in METHODS else "other"
+            code = status["code"] if 100 <= status["code"] <= 599 else 500
+            self.metrics.requests.labels(method, template, str(code)).inc()
             self.metrics.latency.labels(method, template).observe(time.perf_counter() - start)

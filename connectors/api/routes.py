@@ -19,7 +19,6 @@ from .errors import ApiError, responses
 from .evidence import JSON, bundle_from_body, check_media_type
 from .limits import read_body
 from .models import DiagnosisPage, DiagnosisRecord, Health, NodeDiagnosisPage, Readiness
-from .runner import ENGINE_LOCK
 
 StatusFilter = Literal["attributed", "ambiguous", "unattributed", "no_failure"]
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
@@ -92,17 +91,18 @@ def build_router(ctx: ServiceContext) -> APIRouter:
         content_type = request.headers.get("content-type")
         check_media_type(content_type)
         body = await read_body(request, settings)
+        deadline = ctx.runner.deadline()
 
         def work() -> tuple[Diagnosis, datetime | None]:
+            # Every step honours the deadline, so a request past its cap frees its thread.
             start = time.perf_counter()
             try:
-                bundle = bundle_from_body(body, content_type, settings)
-                with ENGINE_LOCK:
-                    return analyze_bundle(bundle, ctx.catalog).diagnosis, bundle.workload.end_time
+                bundle = bundle_from_body(body, content_type, settings, deadline)
+                return analyze_bundle(bundle, ctx.catalog, deadline=deadline).diagnosis, bundle.workload.end_time
             finally:
                 ctx.metrics.engine_seconds.observe(time.perf_counter() - start)
 
-        diagnosis, ended_at = await ctx.runner.run(work)
+        diagnosis, ended_at = await ctx.runner.run(work, deadline)
         ctx.metrics.diagnoses.labels(diagnosis.status, diagnosis.domain).inc()
         headers: dict[str, str] = {}
         if store:

@@ -1,28 +1,31 @@
-"""Run engine work in a bounded thread pool with a per-request time cap.
+"""Run engine work in a bounded thread pool with a per-request deadline.
 
-A Python thread cannot be killed, so a run that passes the cap is abandoned,
-not stopped: it keeps its slot until it ends. Slots (threads + queue) bound how
-much abandoned and waiting work one process can hold; past that, new requests
-get 503 at once instead of piling up.
+A Python thread cannot be killed, so the deadline is cooperative: the request's
+``time.monotonic()`` deadline goes into the work (archive expansion, line
+counting, the engine between chunks), which raises AnalysisTimeout past it and
+frees its thread. The caller answers 504 at the deadline either way. Slots
+(threads + queue) bound how much work one process holds; past that, new
+requests get 503 at once instead of piling up.
+
+Analyses run in parallel, one per engine thread: the prefilter keeps its
+Hyperscan scratch space per thread (rules/prefilter.py), and everything else an
+analysis mutates is its own (tests/test_api_concurrency.py runs them side by side).
 """
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from firstfault.rules.errors import AnalysisTimeout
 
 from .errors import ApiError
 from .settings import ServiceSettings, env_name
 
 T = TypeVar("T")
-
-# The engine's compiled prefilter is shared per catalog (one per process) and its
-# hyperscan scratch space serves one scan at a time: two concurrent analyses fail
-# with ScratchInUseError. So analyses run one at a time per process (parsing and
-# decompression still overlap); `firstfault serve --workers N` scales across cores.
-ENGINE_LOCK = threading.Lock()
 
 
 class EngineRunner:
@@ -39,7 +42,19 @@ class EngineRunner:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="firstfault-engine")
         return self._pool
 
-    async def run(self, fn: Callable[[], T]) -> T:
+    def deadline(self) -> float:
+        """A new request's deadline: now plus FIRSTFAULT_REQUEST_TIMEOUT_S."""
+        return time.monotonic() + self.timeout_s
+
+    def _timeout(self) -> ApiError:
+        return ApiError(504, "engine_timeout",
+                        f"the analysis took longer than {self.timeout_s:g} s ({env_name('request_timeout_s')})",
+                        limit=env_name("request_timeout_s"))
+
+    async def run(self, fn: Callable[[], T], deadline: float | None = None) -> T:
+        """``fn`` in an engine thread; 504 at ``deadline`` (default: now + the cap), which ``fn``
+        should honour too so its thread is freed."""
+        deadline = self.deadline() if deadline is None else deadline
         if not self._slots.acquire(blocking=False):
             raise ApiError(503, "engine_busy", "every engine thread and queue slot is taken; retry shortly "
                            f"({env_name('engine_threads')}, {env_name('engine_queue')})",
@@ -47,6 +62,8 @@ class EngineRunner:
 
         def job() -> T:
             try:
+                if time.monotonic() > deadline:        # waited in the queue past its deadline: do nothing
+                    raise AnalysisTimeout("the request passed its deadline before an engine thread was free")
                 return fn()
             finally:
                 self._slots.release()
@@ -57,11 +74,9 @@ class EngineRunner:
             self._slots.release()
             raise
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), self.timeout_s)
-        except asyncio.TimeoutError:
-            raise ApiError(504, "engine_timeout",
-                           f"the analysis took longer than {self.timeout_s:g} s ({env_name('request_timeout_s')})",
-                           limit=env_name("request_timeout_s")) from None
+            return await asyncio.wait_for(asyncio.wrap_future(fut), max(0.0, deadline - time.monotonic()))
+        except (asyncio.TimeoutError, AnalysisTimeout):
+            raise self._timeout() from None
         finally:
             # A timeout or a client disconnect cancels a run that had not started yet:
             # its job will never release the slot, so release it here.
@@ -71,4 +86,4 @@ class EngineRunner:
     def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=False)       # running analyses finish; they hold their slots until then
+            pool.shutdown(wait=False)       # running analyses stop at their deadlines; they hold their slots until then

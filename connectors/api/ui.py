@@ -23,6 +23,7 @@ from firstfault.schemas import Diagnosis
 from .auth import UI_COOKIE
 from .context import ServiceContext
 from .errors import ApiError
+from .limits import MAX_FORM_BYTES, read_body
 from .ui_view import diagnosis_view, headline
 
 HERE = FsPath(__file__).resolve().parent
@@ -142,7 +143,9 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
                          "type": "object", "required": ["token"],
                          "properties": {"token": {"type": "string"}, "next": {"type": "string"}}}}}}})
     async def login(request: Request) -> Response:
-        form = parse_qs((await request.body())[:8192].decode("utf-8", "replace"))
+        # No token is known before the body is read: cap it first (16 KiB), never read it whole.
+        body = await read_body(request, ctx.settings, cap=MAX_FORM_BYTES)
+        form = parse_qs(body.decode("utf-8", "replace"))
         token = (form.get("token") or [""])[0].strip()
         target = _safe_next((form.get("next") or ["/ui/"])[0])
         if ctx.auth.enabled and ctx.auth.token_level(token) is None:

@@ -17,7 +17,10 @@ Actions: Slurm ``scontrol update NodeName=<node> State=DRAIN Reason="firstfault:
 1. the status is ``attributed`` (never ``ambiguous`` or ``unattributed``) and the
    diagnosis is final (not ``provisional``);
 2. the sub_domain is on the allow-list (hardware and host faults by default);
-3. at most ``max_nodes_per_hour`` nodes in any sliding hour;
+3. at most ``max_nodes_per_hour`` nodes in any sliding hour, counted after expanding
+   Slurm hostlists (``gpu[001-512]`` is 512 nodes, and each gets its own command); a
+   name that cannot be expanded, expands past ``max_expanded_nodes`` or is not a plain
+   node name is refused with no command;
 4. never more than ``max_fleet_fraction`` of ``fleet_size`` nodes drained by
    firstfault within ``fraction_window_s`` (it cannot see an operator resume a node);
 5. each diagnosis once, each node once per ``fraction_window_s``.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -50,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from firstfault.schemas import Diagnosis
 
 from .. import metrics_names as M
+from ..hostlist import HostlistError, expand
 
 log = logging.getLogger("firstfault.recovery")
 
@@ -58,6 +63,11 @@ DEFAULT_ALLOW = (
     "nvswitch_fatal", "ib_link_error", "pcie_error", "host_kernel_error", "node_failure", "driver_library_mismatch",
 )
 Decision = Literal["acted", "dry_run", "refused", "failed"]
+# What one command may name: a Slurm NodeName or a Kubernetes node (DNS-1123 subdomain).
+# Anything else (brackets left over, commas, spaces, '=') would reach the scheduler as
+# something other than one node.
+_NODE_NAME = {"slurm": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}"),
+              "kubernetes": re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?")}
 
 
 class RecoveryConfig(BaseModel):
@@ -70,6 +80,7 @@ class RecoveryConfig(BaseModel):
     max_fleet_fraction: float = Field(default=0.02, ge=0, le=1)
     fleet_size: int | None = Field(default=None, ge=1, description="nodes in the fleet; unknown: refuse everything")
     fraction_window_s: float = Field(default=86400.0, gt=0)
+    max_expanded_nodes: int = Field(default=1024, ge=1, description="a hint naming more nodes is refused whole")
     audit_log: Path = Path("firstfault-recovery-audit.jsonl")
     scontrol: str = "scontrol"
     kubectl: str = "kubectl"
@@ -192,6 +203,22 @@ class RecoverySink:
             return "the recovery hint names no node"
         return None
 
+    def _real_nodes(self, hint: Sequence[str]) -> tuple[list[str], str | None]:
+        """The node names a hint stands for (Slurm hostlists expanded), or a reason to refuse it."""
+        cap = self.cfg.max_expanded_nodes
+        names: list[str] = []
+        for entry in hint:
+            try:
+                names += expand(entry, limit=cap) if self.cfg.scheduler == "slurm" else [entry]
+            except HostlistError as exc:
+                return [], f"cannot expand the node list {entry[:200]!r}: {exc}"
+            if len(names) > cap:
+                return [], f"the node list names more than {cap} nodes (max_expanded_nodes)"
+        bad = [n for n in names if not _NODE_NAME[self.cfg.scheduler].fullmatch(n)]
+        if bad:
+            return [], f"not a {self.cfg.scheduler} node name: {bad[0][:200]!r}"
+        return sorted(set(names)), None
+
     def handle(self, d: Diagnosis) -> AuditRecord:
         with self.lock:
             return self._handle(d)
@@ -218,9 +245,12 @@ class RecoverySink:
         why = self._refuse_reason(d)
         if why:
             return refuse(why, list(d.recovery.nodes))
+        real, why = self._real_nodes(d.recovery.nodes)
+        if why:
+            return refuse(why, list(d.recovery.nodes), hint=list(d.recovery.nodes)[:50])
         recent = [(t, n) for t, n in self.actions if now - t < self.cfg.fraction_window_s]
         already = {n for _, n in recent}
-        nodes = [n for n in sorted(set(d.recovery.nodes)) if n not in already]
+        nodes = [n for n in real if n not in already]
         if not nodes:
             return refuse("every node was already drained by firstfault", list(d.recovery.nodes))
         last_hour = len({n for t, n in recent if now - t < 3600.0})
@@ -313,6 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-nodes-per-hour", type=int, default=int(env("FIRSTFAULT_RECOVERY_MAX_NODES_PER_HOUR", "4")))
     p.add_argument("--max-fleet-fraction", type=float,
                    default=float(env("FIRSTFAULT_RECOVERY_MAX_FLEET_FRACTION", "0.02")))
+    p.add_argument("--max-expanded-nodes", type=int,
+                   default=int(env("FIRSTFAULT_RECOVERY_MAX_EXPANDED_NODES", "1024")),
+                   help="refuse a hint whose Slurm hostlists name more nodes than this")
     p.add_argument("--allow", default=env("FIRSTFAULT_RECOVERY_ALLOW"), help="comma-separated sub_domains")
     p.add_argument("--audit-log", default=env("FIRSTFAULT_RECOVERY_AUDIT_LOG", "firstfault-recovery-audit.jsonl"))
     p.add_argument("--group", default=env("FIRSTFAULT_RECOVERY_GROUP", "firstfault-recovery"))
@@ -322,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = RecoveryConfig(scheduler=args.scheduler, execute=args.execute, fleet_size=args.fleet_size,
                              max_nodes_per_hour=args.max_nodes_per_hour, max_fleet_fraction=args.max_fleet_fraction,
-                             audit_log=Path(args.audit_log),
+                             max_expanded_nodes=args.max_expanded_nodes, audit_log=Path(args.audit_log),
                              **({"allow_sub_domains": [s.strip() for s in args.allow.split(",") if s.strip()]}
                                 if args.allow else {}))
     except ValueError as exc:
