@@ -495,7 +495,66 @@ def load_catalog(overlay: str | Path | None = None) -> Catalog:
 def lint_catalog(overlay: str | Path | None = None) -> list[CatalogError]:
     files = catalog_files(BUILTIN_CATALOG, Path(overlay) if overlay else None)
     catalog, errors = _build(files, str(overlay or BUILTIN_CATALOG), strict=False)
-    return errors + redos_errors(catalog)
+    return errors + reach_errors(catalog) + redos_errors(catalog)
+
+
+# Kinds the engine makes without a pattern: the scheduler's end record (rules/diagnose.py),
+# damaged lines kept as evidence (rules/extract.py), metric threshold crossings
+# (rules/telemetry.py EVENT_KIND; tests/test_regex_safety.py checks these stay in step).
+ENGINE_KINDS = frozenset({"scheduler_end", "unparsed", "dcgm_threshold"})
+# Fields every extracted event may carry, and the names an output template always has.
+LINE_FIELDS = frozenset({"uptime_s", "pid_prefix", "cuda_dev", "damaged_line"})
+TEMPLATE_NAMES = frozenset({"host", "gpu", "rank", "kind"})
+
+
+def _kinds_of(cond: Condition) -> set[str] | None:
+    """The kinds a condition admits (None: any, or not a plain list)."""
+    for key, m in cond.terms:
+        if key == "kind" and m.op in ("eq", "in"):
+            return {m.arg} if m.op == "eq" else {v for v in m.arg if isinstance(v, str)}
+    return None
+
+
+def _template_fields(template: str) -> set[str]:
+    import string
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError:
+        return {"{"}                      # unbalanced braces: reported as such
+    return {name.split(".")[0].split("[")[0] for _, name, _, _ in parsed if name}
+
+
+def reach_errors(catalog: Catalog) -> list[CatalogError]:
+    """What tests would not catch: a condition on a kind nothing produces (the rule can never
+    fire), and an output template naming a field no event of its kinds carries (printed `?`)."""
+    produced: dict[str, set[str]] = {}
+    for pat in catalog.patterns:
+        produced.setdefault(pat.kind, set()).update(pat.regex.groupindex, pat.constants)
+    known = set(produced) | ENGINE_KINDS
+    tag_fields = {k for r in catalog.early if r.tag for k in r.tag.fields}
+    decoded = {k for r in catalog.early if r.action == "decode" for k in (_kinds_of(r.when) or ())}
+    errors: list[CatalogError] = []
+    conditions = [(r.file, r.id, "when", r.when) for r in catalog.early]
+    conditions += [(r.file, r.id, what, c) for r in catalog.explains for what, c in (("source", r.source), ("target", r.target))]
+    for file, rid, what, cond in conditions:
+        for kind in sorted(_kinds_of(cond) or ()):
+            if kind not in known:
+                errors.append(CatalogError(file, rid, f"{what}.kind names {kind!r}, which no pattern produces "
+                                                      "(the rule can never fire)"))
+    for rule in catalog.early:
+        kinds = _kinds_of(rule.when)
+        if not kinds or kinds & (decoded | ENGINE_KINDS) or not kinds <= set(produced):
+            continue                      # any kind, decoder or engine fields: not known statically
+        have = set().union(*(produced[k] for k in kinds)) | LINE_FIELDS | TEMPLATE_NAMES | tag_fields
+        for template in (rule.output, rule.tag.output if rule.tag else None):
+            if not template:
+                continue
+            missing = sorted(_template_fields(template) - have)
+            if missing:
+                errors.append(CatalogError(rule.file, rule.id, f"output names {', '.join(missing)}, which no event "
+                                                               f"of kind {', '.join(sorted(kinds))} carries "
+                                                               "(it would print '?')"))
+    return errors
 
 
 def _regexes(catalog: Catalog) -> Iterable[tuple[str, str, str, LinearRegex]]:

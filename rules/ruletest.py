@@ -100,7 +100,7 @@ def metrics_events(lines: str, workload: WorkloadRecord | None = None) -> list:
     return metric_events(wl, read, lambda _path: [data])
 
 
-def _early_touched(catalog: Catalog, rule_id: str, ex: Example) -> bool:
+def _early_events(catalog: Catalog, ex: Example) -> list:
     src = ex.source or "app"
     if src == "scheduler" and ex.line.lstrip().startswith("{") and '"workload_id"' in ex.line:
         wl = WorkloadRecord.model_validate(json.loads(ex.line))
@@ -110,8 +110,24 @@ def _early_touched(catalog: Catalog, rule_id: str, ex: Example) -> bool:
     else:
         ev = extract_one(catalog, ex.line, src)
         evs = [ev] if ev is not None else []
-    _, trail = run_early(catalog, evs)
+    return evs
+
+
+def _early_touched(catalog: Catalog, rule_id: str, ex: Example) -> bool:
+    _, trail = run_early(catalog, _early_events(catalog, ex))
     return rule_id in trail.steps
+
+
+def _what_it_made(catalog: Catalog, ex: Example) -> str:
+    """The events an example line produced, so a rule that did not fire says why."""
+    evs = _early_events(catalog, ex)
+    if not evs:
+        return "the line produced no event (no pattern matched it)"
+    shown = []
+    for ev in evs:
+        fields = ", ".join(f"{k}={v!r}" for k, v in sorted(ev.fields.items()) if v is not None)
+        shown.append(f"kind={ev.kind} (pattern {ev.pattern}; {fields})")
+    return "it produced " + "; ".join(shown)
 
 
 def _scenario(catalog: Catalog, scenario: Mapping[str, Any]):
@@ -134,7 +150,7 @@ def run_rule_tests(catalog: Catalog, only: str | None = None) -> list[Result]:
             if _early_touched(catalog, rule.id, ex):
                 res.passed += 1
             else:
-                res.failures.append(f"fires example {i}: the rule did not fire")
+                res.failures.append(f"fires example {i}: the rule did not fire: {_what_it_made(catalog, ex)}")
         for i, ex in enumerate(rule.quiet, 1):
             if _early_touched(catalog, rule.id, ex):
                 res.failures.append(f"quiet example {i}: the rule fired")
