@@ -25,23 +25,16 @@ def _size(text: str) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from firstfault.rules.bundle import archive_cap_from_env
-    from firstfault.rules.catalog import load_catalog
-    from firstfault.rules.engine import analyze_bundle
-    from firstfault.rules.intake import open_input
+    from firstfault.rules.engine import analyze_path
 
     from .progress import Bar
     from .render import summary
 
-    # As analyze_path, with the archive cap of the command line (else FIRSTFAULT_MAX_ARCHIVE_BYTES).
-    cap = args.max_archive_bytes if args.max_archive_bytes is not None else archive_cap_from_env()
-    intake = open_input(args.path, max_archive_bytes=cap)
-    for message in intake.warnings:
-        print(f"firstfault: warning: {message}", file=sys.stderr)
-    catalog = load_catalog(args.rules)
     bar = Bar("reading")
     try:
-        result = analyze_bundle(intake.bundle, catalog, bar, intake=intake)
+        # The archive cap: --max-archive-bytes, else FIRSTFAULT_MAX_ARCHIVE_BYTES, else 1 GiB.
+        result = analyze_path(args.path, rules=args.rules, progress=bar, max_archive_bytes=args.max_archive_bytes,
+                              warn=lambda m: print(f"firstfault: warning: {m}", file=sys.stderr))
     finally:
         bar.close()
     if args.json:

@@ -206,10 +206,12 @@ def _check(deadline: float | None) -> None:
 
 
 def analyze_path(path: str | Path, rules: str | Path | None = None, progress: Progress | None = None,
-                 warn: Callable[[str], None] | None = None, deadline: float | None = None) -> Analysis:
+                 warn: Callable[[str], None] | None = None, deadline: float | None = None,
+                 max_archive_bytes: int | None = None) -> Analysis:
     """Diagnose what a user has: a bundle (directory or archive), one log file, or a folder of
-    logs in any layout. Raises BundleError for an unusable input; ``warn`` hears of skipped files."""
-    intake = open_input(path)
+    logs in any layout. Raises BundleError for an unusable input; ``warn`` hears of skipped files.
+    ``max_archive_bytes`` caps an archive's expansion (default: FIRSTFAULT_MAX_ARCHIVE_BYTES, 1 GiB)."""
+    intake = open_input(path, max_archive_bytes=max_archive_bytes)
     for message in intake.warnings:
         if warn is not None:
             warn(message)
