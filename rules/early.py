@@ -1,6 +1,7 @@
 """EARLY stage: every event, on its own, through the EARLY rules (decode, enrich, tag, drop)."""
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -28,16 +29,30 @@ class _Blank(dict):
         return "?"
 
 
+# "CUDA out of memory[[ on rank {rank}]][[ ({host})]]": a [[segment]] is dropped when a field it
+# names is unknown, so a line without a host or rank reads "CUDA out of memory", not "on rank ? (?)".
+_OPTIONAL = re.compile(r"\[\[(.*?)\]\]", re.DOTALL)
+
+
+def _names(segment: str) -> set[str]:
+    try:
+        return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(segment) if name}
+    except ValueError:
+        return {"\x00"}                  # unbalanced braces: never satisfied, the segment is dropped
+
+
 def render(template: str | None, ev: Ev) -> str | None:
     if not template:
         return None
-    values = _Blank({k: v for k, v in ev.fields.items() if v is not None})
-    values.update(host=ev.host or "?", gpu=ev.pci if ev.gpu_index is None else ev.gpu_index,
-                  rank=ev.rank if ev.rank is not None else "?", kind=ev.kind)
+    values = _Blank({k: v for k, v in ev.fields.items() if v is not None and v != ""})
+    gpu = ev.pci if ev.gpu_index is None else ev.gpu_index
+    values.update({k: v for k, v in (("host", ev.host), ("gpu", gpu), ("rank", ev.rank)) if v is not None})
+    values["kind"] = ev.kind
+    text = _OPTIONAL.sub(lambda m: m.group(1) if _names(m.group(1)) <= values.keys() else "", template)
     try:
-        return string.Formatter().vformat(template, (), values)
+        return string.Formatter().vformat(text, (), values)
     except (ValueError, IndexError, KeyError, AttributeError):
-        return template
+        return text
 
 
 @dataclass

@@ -251,14 +251,16 @@ def test_archive_members_are_not_held_whole_in_memory(tmp_path, kind, suffix):
     path = tmp_path / f"big{suffix}"
     size = 192 * 1024 * 1024
     _bomb(path, kind, size)
-    probe = ("import resource, sys\nfrom firstfault.cli import main\n"
+    # Python's own allocations (tracemalloc), not RSS: the peak RSS of the same run moved
+    # between 87 and 265 MiB with the machine's load (allocator arenas), this does not.
+    probe = ("import sys, tracemalloc\nfrom firstfault.cli import main\ntracemalloc.start()\n"
              f"rc = main(['analyze', {str(path)!r}, '--json'])\n"
-             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr)\n"
+             "print(tracemalloc.get_traced_memory()[1] >> 20, file=sys.stderr)\n"
              "sys.exit(rc)\n")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     peak_mib = int(r.stderr.strip().splitlines()[-1])
-    assert peak_mib < 160, f"peak RSS {peak_mib} MiB for a {size >> 20} MiB member"
+    assert peak_mib < 96, f"peak of {peak_mib} MiB allocated for a {size >> 20} MiB member"
 
 
 @pytest.mark.parametrize("files", [

@@ -195,7 +195,7 @@ def decode_xid(ev: Mapping[str, Any]) -> Tag | None:
     if pname is not None and str(pname).strip() in _UNKNOWN_PID:
         fields["pname"] = None
     fields.update(_detail(xid, msg))
-    where = "GPU {gpu} of {host}"
+    where = "GPU {gpu}[[ of {host}]]"
     label = f"Xid {xid} ({_esc(meaning)})"
 
     if xid in NVLINK5_XIDS:
@@ -267,7 +267,7 @@ def decode_sxid(ev: Mapping[str, Any]) -> Tag | None:
     name = f" ({_esc(info['name'])})" if info else ""
     at = f" link {link}" if link is not None else ""
     switch = ev.get("switch_pci") or ev.get("switch")
-    where = (f"on NVSwitch {_esc(switch)}" if switch else "on an NVSwitch") + f"{at} of {{host}}"
+    where = (f"on NVSwitch {_esc(switch)}" if switch else "on an NVSwitch") + f"{at}[[ of {{host}}]]"
     if severity == "fatal":
         return Tag(role="root", domain="interconnect", sub_domain="nvswitch_fatal", strength="strong",
                    fields=fields, output=f"fatal SXid {sxid}{name} {where}")

@@ -188,7 +188,7 @@ def referred_cause(ctx: FinalContext) -> None:
         if tag is None or tag.role != "root":
             continue
         ev.fields["referred_xid"] = cause
-        _promote(ev, tag.domain, tag.sub_domain, "weak", f"Xid {cause} on GPU {{gpu}} of {{host}}, known from the "
+        _promote(ev, tag.domain, tag.sub_domain, "weak", f"Xid {cause} on GPU {{gpu}}[[ of {{host}}]], known from the "
                  f"Xid 45 that names it (its own line is not in the evidence)")
         promoted.append(ev)
     if promoted:
@@ -217,7 +217,7 @@ def lone_sxid_detail(ctx: FinalContext) -> None:
         if ev.fields.get("sxid_class") not in ("fatal", "always_fatal"):
             continue
         _promote(ev, "interconnect", "nvswitch_fatal", "strong", f"SXid {ev.fields.get('sxid')} "
-                 f"({ev.fields.get('sxid_name')}), fatal in NVIDIA's catalog, on an NVSwitch of {{host}} "
+                 f"({ev.fields.get('sxid_name')}), fatal in NVIDIA's catalog, on an NVSwitch[[ of {{host}}]] "
                  f"(only its detail line is in the evidence)")
         promoted.append(ev)
     if promoted:
@@ -251,7 +251,7 @@ def traceback_frames(ctx: FinalContext) -> None:
             if fr.path == ev.path and 0 < ev.line - fr.line <= _FRAME_REACH:
                 ev.domain, ev.sub_domain = _FRAME_AREAS[fr.fields["area"]]
                 ev.output = render(f"{ev.fields.get('exc_type')} raised in the rendezvous code "
-                                   f"({fr.fields.get('func')}): {{message}}", ev)
+                                   f"({fr.fields.get('func')})[[: {{message}}]]", ev)
                 changed.append(ev)
                 break
     if changed:
@@ -277,7 +277,7 @@ def lone_recovery_action(ctx: FinalContext) -> None:
         if ev.host in others or action in (None, 0):
             continue
         _promote(ev, "gpu", "gpu_hardware_fault", "strong",
-                 "GPU {gpu} on {host} asks for recovery action {recovery_action} (Xid 154) with no other Xid")
+                 "GPU {gpu}[[ on {host}]] asks for recovery action {recovery_action} (Xid 154) with no other Xid")
         promoted.append(ev)
     if promoted:
         ctx.step("final.lone_recovery_action", "promote", promoted)
