@@ -10,10 +10,10 @@ Who exports what (``EXPORTED_BY`` below says the same for tests):
 * the REST service (``connectors/api/metrics.py``): ``HTTP_*``, ``API_DIAGNOSES``, on
   its own port (``/metrics`` beside its ``/healthz`` and ``/readyz``);
 * the extractor (``streams/extractor.py``): ``CONSUMER_LAG``, ``RECORDS_CONSUMED``,
-  ``DEADLETTER``, ``PUBLISH_ERRORS`` (producer delivery failures, ``sink="kafka"``);
+  ``DEADLETTER``, ``POISON_RECORDS``, ``PUBLISH_ERRORS`` (producer delivery failures, ``sink="kafka"``);
 * the correlator (``streams/correlator.py``): ``CONSUMER_LAG``, ``RECORDS_CONSUMED``,
-  ``DEADLETTER``, ``STREAM_DIAGNOSES``, ``FINALIZATION_LATENCY``, ``WORKLOADS_OPEN``,
-  ``PUBLISH_ERRORS`` (``sink`` kafka or redis);
+  ``DEADLETTER``, ``POISON_RECORDS``, ``STREAM_DIAGNOSES``, ``FINALIZATION_LATENCY``, ``WORKLOADS_OPEN``,
+  ``WORKLOADS_AWAITING_EXTRACTORS``, ``PUBLISH_ERRORS`` (``sink`` kafka or redis);
 * the scheduler connectors (``slurm.py``, ``kubernetes.py``): ``SCHEDULER_EVENTS``,
   ``CONNECTOR_ERRORS``, ``CONNECTOR_LAST_SUCCESS``;
 * the alerting sink (``sinks/alerts.py``): ``ALERT_*``, ``ALERTS_*``;
@@ -45,6 +45,11 @@ STREAM_DIAGNOSES = "firstfault_stream_diagnoses_total"                # counter:
 FINALIZATION_LATENCY = "firstfault_finalization_latency_seconds"      # histogram: scheduler end event -> final diagnosis published
 WORKLOADS_OPEN = "firstfault_workloads_open"                          # gauge: attempts held in correlator state
 PUBLISH_ERRORS = "firstfault_publish_errors_total"                    # counter: sink (kafka|redis)
+# One record the worker could not use, by where it failed; each also goes to the dead-letter topic.
+POISON_RECORDS = "firstfault_poison_records_total"                    # counter: worker, stage (POISON_STAGES)
+# Ended attempts past their grace whose final waits for the extractors to read the raw topic that far.
+WORKLOADS_AWAITING_EXTRACTORS = "firstfault_workloads_awaiting_extractors"   # gauge
+POISON_STAGES = ("decode", "extract", "encode", "publish", "timeline", "process", "decide")
 
 # --- scheduler connectors (slurm, kubernetes)
 SCHEDULER_EVENTS = "firstfault_scheduler_events_total"                # counter: scheduler, type (start|end)
@@ -64,9 +69,9 @@ RECOVERY_DECISIONS = "firstfault_recovery_decisions_total"            # counter:
 
 EXPORTED_BY: dict[str, tuple[str, ...]] = {
     "service": (HTTP_REQUESTS, HTTP_REQUEST_DURATION, API_DIAGNOSES),
-    "extractor": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, PUBLISH_ERRORS),
-    "correlator": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, STREAM_DIAGNOSES, FINALIZATION_LATENCY,
-                   WORKLOADS_OPEN, PUBLISH_ERRORS),
+    "extractor": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, POISON_RECORDS, PUBLISH_ERRORS),
+    "correlator": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, POISON_RECORDS, STREAM_DIAGNOSES,
+                   FINALIZATION_LATENCY, WORKLOADS_OPEN, WORKLOADS_AWAITING_EXTRACTORS, PUBLISH_ERRORS),
     "slurm": (SCHEDULER_EVENTS, CONNECTOR_ERRORS, CONNECTOR_LAST_SUCCESS),
     "kubernetes": (SCHEDULER_EVENTS, CONNECTOR_ERRORS, CONNECTOR_LAST_SUCCESS),
     "alerts": (ALERT_QUEUE_DEPTH, ALERT_OLDEST_AGE, ALERTS_SENT, ALERT_ATTEMPT_FAILURES, ALERTS_DROPPED, ALERTS_SKIPPED),

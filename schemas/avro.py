@@ -25,7 +25,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from .diagnosis import Diagnosis
 from .events import Event, EventBatch
@@ -35,6 +35,7 @@ NAMESPACE = "io.firstfault"
 AVRO_DIR = Path(__file__).resolve().parent / "avro"
 MAGIC = b"\xc3\x01"
 JSON_MARK = "firstfault.json"        # a field whose value travels as a JSON string
+TEXT_MARK = "firstfault.text"        # a str field that travels as Avro bytes (surrogateescape)
 TOPIC_MODELS: dict[str, type[BaseModel]] = {
     "RawLine": RawLine, "SchedulerEvent": SchedulerEvent, "Event": Event, "EventBatch": EventBatch,
     "Diagnosis": Diagnosis,
@@ -89,6 +90,10 @@ def _record(model: type[BaseModel], seen: set[str]) -> Any:
     fields = []
     for fname, info in model.model_fields.items():
         t = _type(info.annotation, seen, name, fname)
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("avro") == "bytes" and t == "string":
+            # Raw text: bytes that are not UTF-8 must survive (an Avro string cannot hold them).
+            t = {"type": "bytes", TEXT_MARK: "surrogateescape"}
         entry: dict[str, Any] = {"name": fname, "type": t}
         if info.description:
             entry["doc"] = info.description
@@ -128,6 +133,13 @@ def _flat(name: str):
 def _needs_walk(name: str) -> bool:
     """Whether a record has JSON-marked fields or extras to convert (RawLine does not)."""
     return JSON_MARK in json.dumps(_raw_schema(name))
+
+
+@lru_cache(maxsize=None)
+def _text_fields(name: str) -> tuple[str, ...]:
+    """Top-level fields of a record that are str in the model and bytes on the wire."""
+    return tuple(f["name"] for f in _raw_schema(name)["fields"]
+                 if isinstance(f["type"], dict) and f["type"].get(TEXT_MARK))
 
 
 @lru_cache(maxsize=None)
@@ -217,17 +229,34 @@ def _construct(model: type[BaseModel], values: dict[str, Any]) -> BaseModel:
     return obj
 
 
+class EncodeError(ValueError):
+    """A model instance Avro cannot carry (a number past a long, text that is not UTF-8...)."""
+
+
 def encode(obj: BaseModel) -> bytes:
-    """Single-object encoding of a model instance."""
+    """Single-object encoding of a model instance; EncodeError says why not."""
     name = type(obj).__name__
     parsed, fp = _parsed(name)
-    datum = obj.model_dump(mode="python")
-    if _needs_walk(name):
-        datum = _walk(datum, _raw_schema(name), True, {})
-    buf = io.BytesIO()
-    buf.write(MAGIC + fp)
-    fastavro.schemaless_writer(buf, parsed, datum)
+    try:
+        datum = obj.model_dump(mode="python")
+        for f in _text_fields(name):
+            if isinstance(datum.get(f), str):
+                datum[f] = datum[f].encode("utf-8", "surrogateescape")
+        if _needs_walk(name):
+            datum = _walk(datum, _raw_schema(name), True, {})
+        buf = io.BytesIO()
+        buf.write(MAGIC + fp)
+        fastavro.schemaless_writer(buf, parsed, datum)
+    except Exception as exc:  # fastavro raises ValueError, OverflowError, TypeError, UnicodeEncodeError...
+        raise EncodeError(f"cannot encode {name}: {type(exc).__name__}: {str(exc)[:300]}") from None
     return buf.getvalue()
+
+
+def _texts(name: str, datum: dict[str, Any]) -> dict[str, Any]:
+    for f in _text_fields(name):
+        if isinstance(datum.get(f), bytes):
+            datum[f] = datum[f].decode("utf-8", "surrogateescape")
+    return datum
 
 
 def decode(data: bytes) -> BaseModel:
@@ -248,6 +277,7 @@ def decode(data: bytes) -> BaseModel:
             raise ValueError(f"corrupt RawLine body: {exc}") from None
         if datum["line"] < 1 or not datum["path"]:
             raise ValueError("RawLine needs a path and a line number of at least 1")
+        datum["text"] = datum["text"].decode("utf-8", "surrogateescape")
         return _construct(RawLine, datum)
     parsed, _ = _parsed(name)
     try:
@@ -255,9 +285,17 @@ def decode(data: bytes) -> BaseModel:
     except Exception as exc:  # fastavro raises several types on truncated or corrupt bodies
         raise ValueError(f"corrupt {name} body: {exc}") from None
 
-    if _needs_walk(name):
-        datum = _walk(datum, _raw_schema(name), False, {})
-    return TOPIC_MODELS[name].model_validate(datum)
+    if not isinstance(datum, dict):
+        raise ValueError(f"corrupt {name} body: not a record")
+    try:
+        datum = _texts(name, datum)
+        if _needs_walk(name):
+            datum = _walk(datum, _raw_schema(name), False, {})
+        return TOPIC_MODELS[name].model_validate(datum)
+    except ValidationError:       # names the field: the callers report it as it is
+        raise
+    except Exception as exc:      # a JSON field that is not JSON, or nested past the recursion limit
+        raise ValueError(f"corrupt {name} body: {type(exc).__name__}: {str(exc)[:300]}") from None
 
 
 def write_schemas(directory: Path = AVRO_DIR) -> list[Path]:

@@ -1,4 +1,4 @@
-"""A small Avro binary decoder for flat records (strings, longs and their null unions).
+"""A small Avro binary decoder for flat records (strings, bytes, longs and their null unions).
 
 The raw topic carries one record per log line, so decoding is the extractor's hot
 path: fastavro's per-call set-up costs more than the record itself. This reads
@@ -27,7 +27,7 @@ def _long(buf: bytes, pos: int) -> tuple[int, int]:
 
 def compile_flat(schema: dict[str, Any]):
     """A decoder function for a flat record schema, or None when the schema is not flat."""
-    plan: list[tuple[str, str, bool]] = []          # (field, string|long|ts, nullable)
+    plan: list[tuple[str, str, bool]] = []          # (field, string|bytes|long|ts, nullable)
     for f in schema["fields"]:
         t, nullable = f["type"], False
         if isinstance(t, list):
@@ -36,6 +36,8 @@ def compile_flat(schema: dict[str, Any]):
             t, nullable = t[1], True
         if t == "string":
             kind = "string"
+        elif t == "bytes" or (isinstance(t, dict) and t.get("type") == "bytes" and "logicalType" not in t):
+            kind = "bytes"
         elif t == "long":
             kind = "long"
         elif isinstance(t, dict) and t.get("type") == "long" and t.get("logicalType") == "timestamp-micros":
@@ -61,10 +63,11 @@ def compile_flat(schema: dict[str, Any]):
                     value, pos = (b >> 1) ^ -(b & 1), pos + 1
                 else:
                     value, pos = _long(body, pos)
-                if kind == "string":
+                if kind == "string" or kind == "bytes":
                     if value < 0 or pos + value > len(body):
-                        raise ValueError(f"bad string length for {name}")
-                    out[name] = body[pos:pos + value].decode("utf-8")
+                        raise ValueError(f"bad {kind} length for {name}")
+                    chunk = body[pos:pos + value]
+                    out[name] = chunk.decode("utf-8") if kind == "string" else chunk
                     pos += value
                 elif kind == "ts":
                     out[name] = _EPOCH + timedelta(microseconds=value)

@@ -28,6 +28,7 @@ from firstfault.rules.errors import RecordError
 from firstfault.rules.extract import source_of
 from firstfault.schemas import EventBatch, RawLine, SchedulerEvent
 from firstfault.schemas.avro import MAGIC, decode
+from firstfault.schemas.records import MAX_LONG
 
 _TEXT_KEYS = ("log", "message", "msg", "MESSAGE")
 _HOST_KEYS = ("host", "hostname", "HOSTNAME", "_HOSTNAME", "fromhost")
@@ -71,9 +72,9 @@ def bundle_path(host: str | None, path: str | None, source: str | None = None) -
 
 
 def _line_no(line: object, offset: int | None) -> int:
-    if isinstance(line, int) and line >= 1:
+    if isinstance(line, int) and 1 <= line <= MAX_LONG:
         return line
-    if isinstance(line, str) and line.isdigit() and int(line) >= 1:
+    if isinstance(line, str) and 0 < len(line) <= 18 and line.isdigit() and int(line) >= 1:
         return int(line)
     return offset + 1 if offset is not None and offset >= 0 else 1
 
@@ -103,8 +104,27 @@ def _from_json(doc: dict[str, Any], key: str | None, headers, offset: int | None
                    workload_id=wid or None)
 
 
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(map(str, err["loc"]))
+    return f"field '{loc}': {err['msg']}" if loc else err["msg"]
+
+
 def decode_raw(value: bytes | None, key: bytes | None, headers=None, offset: int | None = None) -> RawLine:
-    """A raw-topic message -> RawLine, or RecordError saying why not. ``offset`` numbers unnumbered lines."""
+    """A raw-topic message -> RawLine, or RecordError saying why not. ``offset`` numbers unnumbered lines.
+
+    Bytes that are not UTF-8 are kept (surrogate escapes in ``text``), in JSON strings as in
+    plain text: the line is diagnosed from the bytes its program wrote, as ``analyze`` does.
+    """
+    try:
+        return _decode_raw(value, key, headers, offset)
+    except ValidationError as exc:
+        raise RecordError(f"invalid raw record: {_first_error(exc)}") from None
+    except RecursionError:
+        raise RecordError("raw record nested too deeply") from None
+
+
+def _decode_raw(value: bytes | None, key: bytes | None, headers, offset: int | None) -> RawLine:
     if value is None or value == b"":
         raise RecordError("empty message")
     key_s = key.decode("utf-8", "replace") if key else None
@@ -118,15 +138,12 @@ def decode_raw(value: bytes | None, key: bytes | None, headers=None, offset: int
         return rec
     if value[:1] == b"{":
         try:
-            doc = json.loads(value)
-        except (ValueError, UnicodeDecodeError) as exc:
+            doc = json.loads(value.decode("utf-8", "surrogateescape"))
+        except ValueError as exc:
             raise RecordError(f"invalid JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise RecordError("JSON record is not an object")
-        try:
-            return _from_json(doc, key_s, headers, offset)
-        except ValidationError as exc:
-            raise RecordError(f"invalid raw record: {exc.errors()[0]['msg']}") from None
+        return _from_json(doc, key_s, headers, offset)
     host = _header(headers, "host") or key_s
     path = _header(headers, "path")
     if not host and not path:
@@ -148,10 +165,9 @@ def decode_scheduler(value: bytes | None) -> SchedulerEvent:
             return rec
         return SchedulerEvent.model_validate_json(value)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise RecordError(f"invalid scheduler event: field '{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
-    except ValueError as exc:
-        raise RecordError(str(exc)) from None
+        raise RecordError(f"invalid scheduler event: {_first_error(exc)}") from None
+    except (ValueError, RecursionError) as exc:
+        raise RecordError(str(exc) or type(exc).__name__) from None
 
 
 def decode_batch(value: bytes | None) -> EventBatch:

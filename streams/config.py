@@ -23,6 +23,12 @@ class StreamConfig(BaseModel):
     hold_s: float = Field(default=300.0, ge=0, description="how long a line waits for its workload's start")
     hold_max: int = Field(default=200_000, ge=0, description="lines held at most while waiting")
     batch: int = Field(default=5000, ge=1, description="raw records per extractor batch")
+    watermark_wait_s: float = Field(default=120.0, ge=0, description=(
+        "how long a final diagnosis waits past the grace for the extractors to have read every raw "
+        "partition up to the end event (then it says so in missing_evidence); 0: do not wait"))
+    watermark_margin_s: float = Field(default=1.0, ge=0, description=(
+        "an extractor's progress counts once stamped this long after the end event: clock skew "
+        "between hosts and the age of a fetch's high watermark"))
     rules: str | None = None
     app_id: str = "firstfault-correlator"
     extractor_group: str = "firstfault-extractor"
@@ -34,7 +40,7 @@ class StreamConfig(BaseModel):
     def topics(self) -> dict[str, str]:
         """Logical name -> topic; every topic firstfault reads or writes."""
         return {n: self.topic(n) for n in ("raw", "scheduler", "events", "diagnoses", "deadletter",
-                                          "node-history", "diagnoses-replay")}
+                                          "node-history", "diagnoses-replay", "progress")}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "StreamConfig":
@@ -46,7 +52,8 @@ class StreamConfig(BaseModel):
         }
         for key, name in (("partitions", "PARTITIONS"), ("grace_s", "GRACE_S"), ("grace_cap_s", "GRACE_CAP_S"),
                           ("lateness_s", "LATENESS_S"), ("hold_s", "HOLD_S"), ("hold_max", "HOLD_MAX"),
-                          ("batch", "BATCH"), ("app_id", "APP_ID"), ("extractor_group", "EXTRACTOR_GROUP")):
+                          ("batch", "BATCH"), ("app_id", "APP_ID"), ("extractor_group", "EXTRACTOR_GROUP"),
+                          ("watermark_wait_s", "WATERMARK_WAIT_S"), ("watermark_margin_s", "WATERMARK_MARGIN_S")):
             if (v := _env(env, name)) is not None:
                 values[key] = v
         values.update({k: v for k, v in overrides.items() if v is not None})

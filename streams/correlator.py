@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import base64
 import logging
 import os
 import shutil
 import sys
 import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -48,11 +48,12 @@ from firstfault.connectors import metrics_names as M
 from firstfault.rules.catalog import Catalog, load_catalog
 from firstfault.rules.errors import RecordError
 from firstfault.schemas import DeadLetter
-from firstfault.schemas.avro import encode
+from firstfault.schemas.avro import EncodeError, encode
 
 from .codecs import decode_batch, decode_scheduler
 from .config import StreamConfig
 from .health import Health, LagSeries, port_from_env
+from .progress import ProgressView
 from .workload_state import (
     Now, Wake, WorkloadState, apply_scheduler, decide, expired, merge_batch, new_state, next_wake, settle,
     state_key,
@@ -97,10 +98,16 @@ class Metrics:
                                        registry=r)
         self.lag = Gauge(M.CONSUMER_LAG, "records between the last one processed and the high watermark",
                          ["worker", "topic", "partition"], registry=r)
+        self.poison = PCounter(M.base_name(M.POISON_RECORDS), "records a worker could not use, by where it failed",
+                               ["worker", "stage"], registry=r)
+        self.awaiting = Gauge(M.WORKLOADS_AWAITING_EXTRACTORS,
+                              "ended attempts past their grace waiting for the extractors' progress", registry=r)
         # Series with fixed labels exist from the start (0), so a query or an alert ratio has them.
         for topic in ("events", "scheduler"):
             self.consumed.labels("correlator", topic)
         self.deadletter.labels("correlator")
+        for stage in M.POISON_STAGES:
+            self.poison.labels("correlator", stage)
         for sink in ("kafka", "redis"):
             self.publish_errors.labels(sink)
 
@@ -130,12 +137,93 @@ class Correlator:
         self.lag = LagSeries(self.metrics.lag, "correlator", {cfg.topic(n): n for n in ("events", "scheduler")})
         self._positions: dict[tuple[str, int], int] = {}     # (topic, partition) -> next offset to process
         self._lag_due = 0.0
+        # The extractors' progress (every partition of the progress topic, no group): read in the timer.
+        self.progress = ProgressView(cfg.topic("raw"), cfg.partitions)
+        self._progress_reader: Any = None
+        self._awaiting: set[str] = set()         # keys whose final waits for the extractors
+        self._failing: dict[str, Any] = {}       # key -> the raw state decide raised on (not retried as is)
 
     # ------------------------------------------------------------ clocks and table
 
     def now(self) -> Now:
         stream = datetime.fromtimestamp(self.stream_ms / 1000, timezone.utc) if self.stream_ms else None
-        return Now(wall=datetime.now(timezone.utc), stream=stream)
+        behind = self.behind if self.progress.seen_any and self.cfg.watermark_wait_s > 0 else None
+        return Now(wall=datetime.now(timezone.utc), stream=stream, behind=behind)
+
+    # ------------------------------------------------------------ the extractors' progress
+
+    def behind(self, st: WorkloadState) -> list[int]:
+        """Raw partitions not read up to this ended attempt's end event (+ the margin); [] when all are."""
+        if st.end_seen is None:
+            return []
+        since_ms = int((st.end_seen.timestamp() + self.cfg.watermark_margin_s) * 1000)
+        out = self.progress.behind(since_ms, st.partition, self._events_position(st.partition))
+        if out:
+            self._awaiting.add(st.key)
+        else:
+            self._awaiting.discard(st.key)
+        return out
+
+    def _events_position(self, partition: int | None) -> int | None:
+        """The next events offset this worker will process on ``partition``: what it merged is below it."""
+        if partition is None:
+            return None
+        name = self.events_topic.get_topic_name()
+        pos = self._positions.get((name, partition))
+        if pos is not None:
+            return pos
+        try:                                     # nothing processed since the assignment: its commit
+            from faust.types import TP
+
+            committed = self.app.consumer._committed_offset.get(TP(name, partition))
+        except Exception:
+            committed = None
+        return committed if isinstance(committed, int) and committed >= 0 else None
+
+    def poll_progress(self, max_records: int = 5000) -> int:
+        """Read what the extractors reported since the last call (non-blocking)."""
+        if self._progress_reader is None:
+            self._progress_reader = self._open_progress()
+            if self._progress_reader is None:
+                return 0
+        n = 0
+        try:
+            while n < max_records:
+                msgs = self._progress_reader.consume(num_messages=1000, timeout=0.0)
+                if not msgs:
+                    break
+                for m in msgs:
+                    if m.error() is None and self.progress.add_json(m.value()):
+                        n += 1
+                    elif m.error() is None:
+                        self.metrics.poison.labels("correlator", "decode").inc()   # not a report: skipped
+        except Exception as exc:                 # the broker, not a record: the next tick tries again
+            log.debug("progress not read: %s", exc)
+        return n
+
+    def _open_progress(self) -> Any:
+        """Every partition of the progress topic from the beginning (compacted: one report per raw partition)."""
+        from confluent_kafka import TopicPartition
+
+        from . import kafka
+
+        topic = self.cfg.topic("progress")
+        try:
+            reader = kafka.consumer(self.cfg, group=f"{self.cfg.app_id}-progress-{uuid.uuid4().hex[:8]}")
+            meta = reader.list_topics(timeout=5)
+            raw = meta.topics.get(self.cfg.topic("raw"))
+            if raw is not None and raw.partitions:
+                self.progress.partitions = len(raw.partitions)
+            found = meta.topics.get(topic)
+            parts = sorted(found.partitions) if found is not None and found.partitions else []
+            if not parts:
+                reader.close()
+                return None                      # no extractor made it yet: look again next tick
+            reader.assign([TopicPartition(topic, p, 0) for p in parts])
+            return reader
+        except Exception as exc:
+            log.debug("progress topic not open yet: %s", exc)
+            return None
 
     def _saw(self, message: Any, topic: str) -> None:
         self.metrics.consumed.labels("correlator", topic).inc()
@@ -196,22 +284,27 @@ class Correlator:
         try:
             await handler(message)
         except RecordError as exc:
-            await self.dead_letter(message, str(exc))
+            await self.dead_letter(message, str(exc), step="decode")
         except Exception as exc:  # a bug must cost one record, not the agent
             log.exception("correlator failed on %s[%s]@%s", message.topic, message.partition, message.offset)
-            await self.dead_letter(message, f"correlator error: {type(exc).__name__}: {exc}")
+            await self.dead_letter(message, f"correlator error: {type(exc).__name__}: {str(exc)[:500]}",
+                                   step="process")
 
-    async def dead_letter(self, message: Any, reason: str) -> None:
+    async def dead_letter(self, message: Any, reason: str, step: str = "decode") -> None:
+        """The record, or its head, size and SHA-256 when large, on the dead-letter topic; never raises."""
         self.counts["deadletter"] += 1
         self.metrics.deadletter.labels("correlator").inc()
+        self.metrics.poison.labels("correlator", step if step in M.POISON_STAGES else "process").inc()
         log.warning("dead letter #%d from %s[%s]@%s: %s", self.counts["deadletter"], message.topic,
-                    message.partition, message.offset, reason)
-        b64 = (lambda b: base64.b64encode(b).decode() if b is not None else None)
-        dl = DeadLetter(reason=reason, stage="correlator", topic=message.topic, partition=message.partition,
-                        offset=message.offset, key_b64=b64(message.key), value_b64=b64(message.value),
-                        timestamp_ms=int(message.timestamp * 1000) if message.timestamp else None)
+                    message.partition, message.offset, reason[:300])
         try:
-            await self.deadletter.send(key=message.key, value=dl.model_dump_json().encode())
+            ts = int(message.timestamp * 1000) if message.timestamp and message.timestamp > 0 else None
+            key = message.key if isinstance(message.key, bytes) else None
+            value = message.value if isinstance(message.value, bytes) else None
+            dl = DeadLetter.of(reason, "correlator", message.topic, message.partition, message.offset, key, value,
+                               ts, step)
+            await self.deadletter.send(key=key if key and len(key) <= 1024 else None,
+                                       value=dl.model_dump_json().encode())
         except Exception:
             log.exception("could not write the dead letter")
 
@@ -220,6 +313,8 @@ class Correlator:
     async def _step(self, st: WorkloadState, before: str | None) -> None:
         """Decide, then publish through the outbox. Caller holds the lock."""
         published = await asyncio.to_thread(decide, st, self.catalog, self.now(), self.cfg)
+        if st.published is not None:
+            self._awaiting.discard(st.key)
         self._save(st, before)
         if st.pending:
             await self._publish(st)
@@ -235,7 +330,14 @@ class Correlator:
             for p in st.pending:
                 sink = "kafka"
                 if not p.sent:
-                    fut = await self.out.send(key=st.workload_id.encode(), value=encode(p.diagnosis))
+                    try:
+                        value = encode(p.diagnosis)
+                    except EncodeError as exc:   # retrying cannot help: logged, counted, given up
+                        log.error("diagnosis of %s cannot be encoded, not published: %s", st.key, exc)
+                        self.metrics.poison.labels("correlator", "encode").inc()
+                        p.sent = p.stored = True
+                        continue
+                    fut = await self.out.send(key=st.workload_id.encode(), value=value)
                     await fut                    # delivered, or it raises
                     p.sent = True
                     self._published(st, p.diagnosis)
@@ -278,24 +380,37 @@ class Correlator:
         """Finalize, revise-close, re-send pending and expire the states that are due."""
         if not self._ready():
             return
+        self.poll_progress()
         active = self._active_partitions()
         now = self.now()
         for key, raw in list(self.table.data.items()):
-            wake, partition = self._wake(key, raw)
-            if wake is None or partition not in active or not wake.due(now):
-                continue
-            async with self.lock:
-                st, before = self._load(key)
-                if st is None:
+            if self._failing.get(key) is raw:
+                continue                         # decide raised on exactly this state: wait for new input
+            try:
+                wake, partition = self._wake(key, raw)
+                if wake is None or partition not in active or not wake.due(now):
                     continue
-                now = self.now()
-                if expired(st, now.wall, self.cfg):
-                    self._delete(st)
-                else:
-                    await self._step(st, before)
-        for key in set(self._wakes) - set(self.table.data.keys()):
+                async with self.lock:
+                    st, before = self._load(key)
+                    if st is None:
+                        continue
+                    now = self.now()
+                    if expired(st, now.wall, self.cfg):
+                        self._delete(st)
+                    else:
+                        await self._step(st, before)
+            except Exception:                    # one state must not stop the others' finalization
+                log.exception("correlator timer failed on %s", key)
+                self.metrics.poison.labels("correlator", "decide").inc()
+                self._failing[key] = self.table.data.get(key)
+        live = set(self.table.data.keys())
+        for key in set(self._wakes) - live:
             del self._wakes[key]
+        for key in set(self._failing) - live:
+            del self._failing[key]
+        self._awaiting &= live
         self.metrics.open.set(len(self.table.data))
+        self.metrics.awaiting.set(len(self._awaiting))
         self._log_stats()
 
     # ------------------------------------------------------------ health
@@ -437,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cfg.bootstrap:
         print("firstfault correlator: set FIRSTFAULT_KAFKA_BOOTSTRAP (host:port[,host:port])", file=sys.stderr)
         return 2
-    ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter")])
+    ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter", "progress")])
     app = make_app(cfg)
     # /metrics, /healthz, /readyz. Unset, the default port is best effort: tests and `firstfault up`
     # run several workers on one host (up gives each its own port or 0).

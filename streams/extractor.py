@@ -19,15 +19,18 @@ the consumer group assigned this worker its partitions (none is fine: an idle sp
 """
 from __future__ import annotations
 
-import base64
+import json
 import logging
+import os
 import signal
+import socket
 import sys
 import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -47,6 +50,7 @@ from .codecs import decode_raw, decode_scheduler
 from .config import StreamConfig
 from .health import Health, LagSeries, port_from_env
 from .metrics_reader import MetricsReader
+from .progress import PROGRESS_EVERY_S, ProgressTracker, progress_key
 from .timeline import Allocation, AllocationTimeline
 
 log = logging.getLogger("firstfault.extractor")
@@ -73,7 +77,47 @@ class Counters:
     held: int = 0
     unrouted_lines: int = 0
     node_history: int = 0
+    refused: int = 0             # raw records that did not decode (never reached the core)
+    failed: int = 0              # records the core could not handle (dead-lettered by the worker)
     by_host: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Failure:
+    """One record (or event) the core gave up on: the worker turns it into a dead letter."""
+
+    reason: str
+    step: str                                  # extract | encode (metrics_names.POISON_STAGES)
+    rec: RawLine | None = None                 # the line, when known
+    ref: tuple[str, int] | None = None         # else the (path, line) of the event it made
+
+
+class Unencodable(ValueError):
+    """An event the events topic cannot carry (Avro longs are 64-bit): its line is dead-lettered."""
+
+
+_LONG = 2 ** 63
+
+
+def check_encodable(ev) -> None:
+    """Refuse, at the line that made it, an event whose rank or line is past an Avro long. Checked per
+    event (a few compares) rather than found at encode time, where events of many lines are merged."""
+    for name, v in (("rank", ev.rank), ("line", ev.line), ("gpu_index", ev.gpu_index), ("count", ev.count)):
+        if isinstance(v, int) and not -_LONG <= v < _LONG:
+            raise Unencodable(f"{name} {v} does not fit an Avro long")
+    # (A field value past a long travels in the union's double branch: lossy, not refused.)
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+def line_bytes(rec: RawLine) -> bytes:
+    """The bytes of a line (surrogate escapes back to the bytes they stand for)."""
+    try:
+        return rec.text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:                 # a RawLine made without validation
+        return rec.text.encode("utf-8", "surrogatepass")
 
 
 class ExtractorCore:
@@ -99,6 +143,18 @@ class ExtractorCore:
         self.metrics_reader = MetricsReader()
         self.metric_pending: deque[Held] = deque()      # samples whose workload is not known yet
         self._metric_hosts: dict[tuple[str, int], list[str]] = {}   # for the batches being built
+        self.failures: list[Failure] = []               # taken by the worker after every call
+
+    def take_failures(self) -> list[Failure]:
+        out, self.failures = self.failures, []
+        return out
+
+    def _failed(self, exc: BaseException, step: str, rec: RawLine | None = None,
+                ref: tuple[str, int] | None = None) -> None:
+        """One record must never stop the stream: note it and go on with the others."""
+        self.counters.failed += 1
+        log.warning("%s failed on %s: %s", step, f"{rec.path}:{rec.line}" if rec else ref, _reason(exc))
+        self.failures.append(Failure(_reason(exc), step, rec, ref))
 
     # ------------------------------------------------------------ routing
     def extractor_for(self, alloc: Allocation) -> Extractor:
@@ -169,50 +225,78 @@ class ExtractorCore:
 
     # ------------------------------------------------------------ a batch
     def handle(self, records: list[tuple[RawLine, int]], now: float | None = None) -> dict[tuple[str, int], EventBatch]:
-        """Extract a batch; returns one EventBatch per workload attempt (events merged)."""
+        """Extract a batch; returns one EventBatch per workload attempt (events merged).
+
+        A record that raises is left out and noted in ``failures``; the others go on.
+        """
         now = time.monotonic() if now is None else now
         out: dict[tuple[str, int], EventSet] = {}
         paths: dict[tuple[str, int], set[str]] = {}
         stats = ExtractStats()
-        encoded = [r.text.encode("utf-8", "surrogateescape") for r, _ in records]
+        line_hits = self._scan([line_bytes(r) for r, _ in records])
+        last_line: dict[str, int] = {}       # per file in this batch: the last line number seen
+        settled: dict[str, bool] = {}        # per file: every workload it may feed is decided
+        fed: set[tuple[str, int]] = set()
+        for (rec, ts_ms), anchor_hits in zip(records, line_hits):
+            self.counters.records += 1
+            if anchor_hits is False:
+                continue                     # the prefilter failed on it: already noted
+            try:
+                self._one(rec, ts_ms, anchor_hits, now, out, paths, fed, stats, last_line, settled)
+            except Exception as exc:  # a record must never stop the worker
+                self._failed(exc, "encode" if isinstance(exc, Unencodable) else "extract", rec)
+        self._drain_metrics(fed, out)
+        return self._batches(out, paths)
+
+    def _scan(self, encoded: list[bytes]) -> list:
+        """Prefilter hits per line (anchor ids or None); False for a line the prefilter raised on."""
+        if not encoded:
+            return []
         offsets, pos = [], 0
         for raw in encoded:
             offsets.append(pos)
             pos += len(raw) + 1
-        hits = self.prefilter.scan(b"\n".join(encoded)) if records else {}
-        last_line: dict[str, int] = {}       # per file in this batch: the last line number seen
-        settled: dict[str, bool] = {}        # per file: every workload it may feed is decided
-        fed: set[tuple[str, int]] = set()
-        for i, (rec, ts_ms) in enumerate(records):
-            self.counters.records += 1
-            host_key = rec.host or "?"
-            self.counters.by_host[host_key] = self.counters.by_host.get(host_key, 0) + 1
-            if (rec.source or source_of(rec.path)) == "metrics":
-                self._metric_line(Held(rec, ts_ms, now), paths, fed)
-                continue
-            # Which workloads a file feeds (the evidence inventory): routed once per run of
-            # consecutive lines, again where the numbering jumps (another file, a rotation).
-            key = _mem_key(rec)
-            if last_line.get(key) != rec.line - 1:
-                settled[key] = False
-            if not settled[key]:
-                settled[key] = self._credit(rec, ts_ms, now, paths)
-            last_line[key] = rec.line
-            anchor_hits = hits.get(offsets[i])
-            if anchor_hits and not rec.workload_id:
-                self._remember(rec, ts_ms, now, candidate=True)
-            elif not rec.workload_id:
-                self._remember(rec, ts_ms, now, candidate=False)
-            if anchor_hits:
-                self.counters.candidates += 1
-                allocs = self.route(rec, ts_ms)
-                if allocs is None:
-                    self._hold(rec, ts_ms, now)
-                else:
-                    self._extract(rec, anchor_hits, allocs, out, stats)
-            self.memory.add(_mem_key(rec), rec.line, rec.text)
-        self._drain_metrics(fed, out)
-        return self._batches(out, paths)
+        try:
+            hits = self.prefilter.scan(b"\n".join(encoded))
+            return [hits.get(o) for o in offsets]
+        except Exception as exc:
+            log.warning("prefilter failed on a batch (%s): scanning it line by line", _reason(exc))
+        out: list = []
+        for raw in encoded:
+            try:
+                out.append(self.prefilter.scan(raw).get(0))
+            except Exception as exc:
+                self._failed(exc, "extract", None)
+                out.append(False)
+        return out
+
+    def _one(self, rec: RawLine, ts_ms: int, anchor_hits, now: float, out: dict, paths: dict, fed: set,
+             stats: ExtractStats, last_line: dict, settled: dict) -> None:
+        host_key = rec.host or "?"
+        self.counters.by_host[host_key] = self.counters.by_host.get(host_key, 0) + 1
+        if (rec.source or source_of(rec.path)) == "metrics":
+            self._metric_line(Held(rec, ts_ms, now), paths, fed)
+            return
+        # Which workloads a file feeds (the evidence inventory): routed once per run of
+        # consecutive lines, again where the numbering jumps (another file, a rotation).
+        key = _mem_key(rec)
+        if last_line.get(key) != rec.line - 1:
+            settled[key] = False
+        if not settled[key]:
+            settled[key] = self._credit(rec, ts_ms, now, paths)
+        last_line[key] = rec.line
+        if anchor_hits and not rec.workload_id:
+            self._remember(rec, ts_ms, now, candidate=True)
+        elif not rec.workload_id:
+            self._remember(rec, ts_ms, now, candidate=False)
+        if anchor_hits:
+            self.counters.candidates += 1
+            allocs = self.route(rec, ts_ms)
+            if allocs is None:
+                self._hold(rec, ts_ms, now)
+            else:
+                self._extract(rec, anchor_hits, allocs, out, stats)
+        self.memory.add(_mem_key(rec), rec.line, rec.text)
 
     def _metric_line(self, h: Held, paths: dict, fed: set) -> bool:
         """A metrics sample names its workload; one whose start event has not come yet waits
@@ -247,7 +331,7 @@ class ExtractorCore:
 
     def _extract(self, rec: RawLine, anchor_ids, allocs: list[Allocation], out, stats: ExtractStats,
                  above: list[str] | None = None) -> None:
-        raw = rec.text.encode("utf-8", "surrogateescape")
+        raw = line_bytes(rec)
         source = rec.source or source_of(rec.path) or "app"
         for alloc in allocs:
             ex = self.extractor_for(alloc)
@@ -257,6 +341,7 @@ class ExtractorCore:
                 (lambda r=rec: self.memory.above(_mem_key(r), r.line))
             ev = ex.read_line(rec.path, source, file_host, ctx, rec.line, raw, anchor_ids, lines_above, stats)
             if ev is not None:
+                check_encodable(ev)
                 key = (alloc.workload.workload_id, alloc.workload.attempt)
                 out.setdefault(key, EventSet()).add(ev)
                 self.counters.events += 1
@@ -270,7 +355,7 @@ class ExtractorCore:
 
     def orphan_event(self, rec: RawLine):
         """The event a line makes on its own (UTC, no workload), for node history."""
-        raw = rec.text.encode("utf-8", "surrogateescape")
+        raw = line_bytes(rec)
         hits = self.prefilter.scan(raw)
         if not hits:
             return None
@@ -303,14 +388,22 @@ class ExtractorCore:
         for host in alloc.workload.nodes:
             for h in [h for h in self._recent.get(host, ())
                       if now - h.since <= self.cfg.hold_s and id(h.rec) not in waiting]:
-                if any(a is alloc for a in self.route(h.rec, h.ts_ms) or ()):
-                    hits = self.prefilter.scan(h.rec.text.encode("utf-8", "surrogateescape"))
-                    if hits:
-                        self._extract(h.rec, hits[0], [alloc], out, stats, above=h.above)
+                try:
+                    if any(a is alloc for a in self.route(h.rec, h.ts_ms) or ()):
+                        hits = self.prefilter.scan(line_bytes(h.rec))
+                        if hits:
+                            self._extract(h.rec, hits[0], [alloc], out, stats, above=h.above)
+                except Exception as exc:  # dropped, so it cannot fail again for the next workload
+                    self._recent[host].remove(h)
+                    self._failed(exc, "encode" if isinstance(exc, Unencodable) else "extract", h.rec)
             for h in list(self._recent_files.get(host, {}).values()) + [h for h in self._recent.get(host, ())]:
-                if now - h.since <= self.cfg.hold_s and any(a is alloc for a in self.route(h.rec, h.ts_ms) or ()):
-                    if self._horizon(h.rec, [alloc])[0]:
-                        paths.setdefault(key, set()).add(h.rec.path)
+                try:
+                    if now - h.since <= self.cfg.hold_s and any(a is alloc for a in self.route(h.rec, h.ts_ms) or ()):
+                        if self._horizon(h.rec, [alloc])[0]:
+                            paths.setdefault(key, set()).add(h.rec.path)
+                except Exception as exc:
+                    self._recent_files.get(host, {}).pop(_mem_key(h.rec), None)
+                    self._failed(exc, "extract", h.rec)
         return self._batches(out, paths)
 
     def retry_held(self, now: float | None = None) -> tuple[dict[tuple[str, int], EventBatch], list[Held]]:
@@ -323,31 +416,43 @@ class ExtractorCore:
         stats = ExtractStats()
         while self.held:
             h = self.held.popleft()
-            allocs = self.route(h.rec, h.ts_ms)
-            if allocs:
-                hits = self.prefilter.scan(h.rec.text.encode("utf-8", "surrogateescape"))
-                if hits:
-                    self._extract(h.rec, hits[0], allocs, out, stats, above=h.above)
-                for a in allocs:
-                    paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
-            elif now - h.since > self.cfg.hold_s:
-                expired.append(h)
-                self._give_up(h)
-            else:
-                keep.append(h)
+            try:
+                allocs = self.route(h.rec, h.ts_ms)
+                if allocs:
+                    hits = self.prefilter.scan(line_bytes(h.rec))
+                    if hits:
+                        self._extract(h.rec, hits[0], allocs, out, stats, above=h.above)
+                    for a in allocs:
+                        paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
+                elif now - h.since > self.cfg.hold_s:
+                    expired.append(h)
+                    self._give_up(h)
+                else:
+                    keep.append(h)
+            except Exception as exc:  # dropped: a held line is tried once per scheduler event
+                self._failed(exc, "encode" if isinstance(exc, Unencodable) else "extract", h.rec)
         self.held = keep
         for key, h in list(self._unrouted_paths.items()):
-            allocs = self.route(h.rec, h.ts_ms)
-            if allocs:
-                for a in self._horizon(h.rec, allocs)[0]:
-                    paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
-                del self._unrouted_paths[key]
-            elif now - h.since > self.cfg.hold_s:
-                del self._unrouted_paths[key]
+            try:
+                allocs = self.route(h.rec, h.ts_ms)
+                if allocs:
+                    for a in self._horizon(h.rec, allocs)[0]:
+                        paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
+                    del self._unrouted_paths[key]
+                elif now - h.since > self.cfg.hold_s:
+                    del self._unrouted_paths[key]
+            except Exception as exc:
+                self._unrouted_paths.pop(key, None)
+                self._failed(exc, "extract", h.rec)
         fed: set[tuple[str, int]] = set()
         waiting, self.metric_pending = self.metric_pending, deque()
         for h in waiting:                       # in arrival order: a series stays in file order
-            if not self._metric_line(h, paths, fed) and now - h.since > self.cfg.hold_s:
+            try:
+                routed = self._metric_line(h, paths, fed)
+            except Exception as exc:
+                self._failed(exc, "extract", h.rec)
+                continue
+            if not routed and now - h.since > self.cfg.hold_s:
                 self.metric_pending.pop()
                 self.counters.unrouted_lines += 1
         self._drain_metrics(fed, out)
@@ -357,7 +462,12 @@ class ExtractorCore:
         batches: dict[tuple[str, int], EventBatch] = {}
         for key in sorted(set(out) | set(paths) | set(self._metric_hosts)):
             new_paths = sorted(p for p in paths.get(key, ()) if (key[0], key[1], p) not in self._sent_paths)
-            events = [e.to_schema() for e in out[key].sorted()] if key in out else []
+            events = []
+            for e in (out[key].sorted() if key in out else ()):
+                try:
+                    events.append(e.to_schema())
+                except Exception as exc:  # one event the contract refuses: that line's dead letter
+                    self._failed(exc, "encode", ref=(e.path, e.line))
             if not events and not new_paths and key not in self._metric_hosts:
                 continue
             self._sent_paths.update((key[0], key[1], p) for p in new_paths)
@@ -388,6 +498,8 @@ class Metrics:
         r = self.registry
         self.consumed = Counter(M.base_name(M.RECORDS_CONSUMED), "input records", ["worker", "topic"], registry=r)
         self.deadletter = Counter(M.base_name(M.DEADLETTER), "records refused", ["stage"], registry=r)
+        self.poison = Counter(M.base_name(M.POISON_RECORDS), "records a worker could not use, by where it failed",
+                              ["worker", "stage"], registry=r)
         self.lag = Gauge(M.CONSUMER_LAG, "records between the consumer's position and the high watermark",
                          ["worker", "topic", "partition"], registry=r)
         self.publish_errors = Counter(M.base_name(M.PUBLISH_ERRORS), "records the broker did not take", ["sink"],
@@ -396,10 +508,25 @@ class Metrics:
         self.raw_consumed = self.consumed.labels("extractor", "raw")
         self.dead = self.deadletter.labels("extractor")
         self.kafka_errors = self.publish_errors.labels("kafka")
+        self.poisoned = {stage: self.poison.labels("extractor", stage) for stage in M.POISON_STAGES}
+
+
+# Output records are split below this (a default Kafka broker takes 1 MB), dead-lettered past it.
+MAX_OUTPUT_BYTES = 1_000_000
+# Delivery errors that a retry cannot cure: the record is dead-lettered, the batch is not read again.
+PERMANENT = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE,
+                       KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_TIMESTAMP,
+                       KafkaError._INVALID_ARG, KafkaError._INVALID_TYPE})
+BUFFER_WAIT_S = 60.0          # how long produce() waits for room in the local queue
 
 
 class ExtractorWorker:
     """The Kafka side: batch consume, extract, produce, commit. One process, one loop.
+
+    One record never stops the loop: whatever fails on it (decoding, extraction, encoding
+    its events, a broker refusing them) ends as a dead letter with the reason, counted on
+    ``POISON_RECORDS``, and the batch commits. Only a failure a retry can cure (the broker
+    unreachable) makes the batch be read again.
 
     ``metrics_port``: serve /metrics, /healthz and /readyz there (0: do not);
     ``metrics_required``: a port that cannot be bound is an error (else a warning).
@@ -413,15 +540,19 @@ class ExtractorWorker:
         self.health.not_ready("connecting: waiting for the consumer group to assign partitions")
         self.health.serve(metrics_port, required=metrics_required)     # answers "starting" while we connect
         self.lag = LagSeries(self.metrics.lag, "extractor", {t: n for n, t in cfg.topics.items()})
-        self._counted = 0                  # records + dead letters already added to RECORDS_CONSUMED
+        self._counted = 0                  # records + refused ones already added to RECORDS_CONSUMED
         self._lag_due = 0.0
         self._joined = False               # the group assigned this member its partitions (maybe none)
         self._brokers_down = False
         self._delivery_log_due = 0.0
-        self._failed_deliveries = 0        # producer records the broker refused, ever
+        self._failed_deliveries = 0        # producer records the broker refused for now (retriable), ever
+        self._refused_outputs: list[tuple[Any, Any]] = []     # (message, error): refused for good
         self.core = ExtractorCore(cfg, catalog)
-        # Delivery reports only for failures: nothing per delivered record.
-        self.producer = kafka.producer(cfg, on_delivery=self._delivered, **{"delivery.report.only.error": True})
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.progress = ProgressTracker(cfg.topic("raw"), cfg.topic("events"), self.worker_id)
+        self._progress_due = 0.0
+        # Every delivery reports back: events offsets feed the progress watermark (a few per batch).
+        self.producer = kafka.producer(cfg, on_delivery=self._delivered)
         self.consumer = kafka.consumer(cfg, group=cfg.extractor_group, error_cb=self._kafka_error)
         self.consumer.subscribe([cfg.topic("raw")], on_assign=self._assigned, on_revoke=self._revoked,
                                 on_lost=self._revoked)
@@ -439,14 +570,63 @@ class ExtractorWorker:
     def stop(self, *_: object) -> None:
         self._stop = True
 
-    def dead_letter(self, msg, reason: str, stage: str = "extractor") -> None:
-        dl = DeadLetter(reason=reason, stage=stage, topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
-                        key_b64=base64.b64encode(msg.key()).decode() if msg.key() else None,
-                        value_b64=base64.b64encode(msg.value()).decode() if msg.value() is not None else None,
-                        timestamp_ms=msg.timestamp()[1] if msg.timestamp() else None)
-        self.producer.produce(self.cfg.topic("deadletter"), key=msg.key(), value=dl.model_dump_json().encode())
+    # ------------------------------------------------------------ output that never fails
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes) -> str | None:
+        """Queue one record; None when queued, else why not (it never raises)."""
+        deadline = time.monotonic() + BUFFER_WAIT_S
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value)
+                return None
+            except BufferError:                  # the local queue is full: let deliveries drain it
+                if time.monotonic() > deadline:
+                    self._failed_deliveries += 1     # retriable: the batch is read again
+                    return "the producer queue stayed full"
+                self.producer.poll(0.1)
+            except (KafkaException, TypeError, ValueError) as exc:   # refused at once: too large, bad topic
+                self.metrics.kafka_errors.inc()
+                return f"{type(exc).__name__}: {exc}"
+
+    def dead_letter(self, msg, reason: str, stage: str = "extractor", step: str = "decode") -> None:
+        """The refused record, its reason and origin on the dead-letter topic; never raises.
+
+        A record over ``DEAD_LETTER_HEAD`` goes as its head, size and SHA-256."""
+        ts = msg.timestamp()[1] if msg.timestamp() and msg.timestamp()[1] > 0 else None
+        self._send_dead(DeadLetter.of(reason, stage, msg.topic(), msg.partition(), msg.offset(), msg.key(),
+                                      msg.value(), ts, step), msg.key(), step)
+
+    def _send_dead(self, dl: DeadLetter, key: bytes | None, step: str) -> None:
         self.core.counters.deadletters += 1
         self.metrics.dead.inc()
+        self.metrics.poisoned.get(step, self.metrics.poisoned["process"]).inc()
+        try:
+            value = dl.model_dump_json().encode()
+        except Exception as exc:                 # DeadLetter.of makes it serializable; belt and braces
+            value = json.dumps({"reason": f"unserializable dead letter: {exc}", "stage": dl.stage}).encode()
+        why = self._produce(self.cfg.topic("deadletter"), key if key and len(key) <= 1024 else None, value)
+        if why is not None:
+            log.error("dead letter for %s[%d]@%d not sent: %s", dl.topic, dl.partition, dl.offset, why)
+
+    def _blame(self, failures: list[Failure], origin: dict) -> None:
+        """Dead letters for what the core gave up on: the original message when it is in this batch."""
+        for f in failures:
+            msg = None
+            if f.rec is not None:
+                msg = origin.get(id(f.rec)) or origin.get((f.rec.path, f.rec.line))
+            elif f.ref is not None:
+                msg = origin.get(f.ref)
+            if msg is not None:
+                self.dead_letter(msg, f.reason, step=f.step)
+                continue
+            # A held line or an event from an earlier batch: its offset is not known here.
+            value = f.rec.raw() if f.rec is not None else json.dumps({"path": f.ref[0] if f.ref else None,
+                                                                      "line": f.ref[1] if f.ref else None}).encode()
+            self._send_dead(DeadLetter.of(f.reason, "extractor", self.cfg.topic("raw"), -1, -1,
+                                          (f.rec.host or "").encode() if f.rec is not None else None, value,
+                                          step=f.step), None, f.step)
+
+    # ------------------------------------------------------------ the scheduler topic
 
     def poll_timeline(self) -> int:
         n = 0
@@ -460,67 +640,227 @@ class ExtractorWorker:
                 self.offsets.note_message(m)
                 try:
                     ev = decode_scheduler(m.value())
+                except RecordError:
+                    continue      # the correlator dead-letters scheduler records; one report is enough
+                try:
                     known = self.core.timeline.get(ev.workload.workload_id, ev.workload.attempt) is not None
                     alloc = self.core.timeline.apply(ev)
                     if not known:
                         self.publish(self.core.started(alloc))
                     n += 1
-                except RecordError:
-                    pass      # the correlator dead-letters scheduler records; one report is enough
+                except Exception as exc:  # one scheduler record must not stop the worker either
+                    log.exception("timeline failed on %s[%d]@%d", m.topic(), m.partition(), m.offset())
+                    self.dead_letter(m, _reason(exc), step="timeline")
+                self._blame(self.core.take_failures(), {})
 
     def keep_for_node_history(self, expired: list[Held]) -> None:
         """Lines that no workload claimed: extracted without a workload and kept per host."""
         for h in expired:
-            ev = self.core.orphan_event(h.rec)
-            if ev is not None:
-                key = (ev.host or h.rec.host or "?").encode()
-                self.producer.produce(self.cfg.topic("node-history"), key=key, value=encode(ev))
+            try:
+                ev = self.core.orphan_event(h.rec)
+                if ev is None:
+                    continue
+                value = encode(ev)
+            except Exception as exc:
+                self._blame([Failure(_reason(exc), "extract", h.rec)], {})
+                continue
+            key = (ev.host or h.rec.host or "?").encode()
+            why = self._produce(self.cfg.topic("node-history"), key, value)
+            if why is not None:
+                log.warning("node history for %s not sent: %s", key, why)
 
-    def publish(self, batches: dict[tuple[str, int], EventBatch]) -> None:
+    # ------------------------------------------------------------ events out
+
+    def publish(self, batches: dict[tuple[str, int], EventBatch], origin: dict | None = None) -> None:
+        """Produce each workload's batch: split when large, a refused event dead-lettered, never raises."""
+        origin = origin or {}
         for (wid, _), batch in batches.items():
-            self.producer.produce(self.cfg.topic("events"), key=wid.encode(), value=encode(batch))
+            failures: list[Failure] = []
+            for value in self._encode_batch(batch, failures):
+                why = self._produce(self.cfg.topic("events"), wid.encode(), value)
+                if why is not None:
+                    failures.append(Failure(f"events record not produced: {why}", "publish",
+                                            ref=_first_ref(batch)))
+            self._blame(failures, origin)
             self.core.counters.batches_out += 1
+
+    def _encode_batch(self, batch: EventBatch, failures: list[Failure]) -> list[bytes]:
+        try:
+            value = encode(batch)
+        except Exception as exc:
+            return self._encode_apart(batch, failures, _reason(exc))
+        if len(value) <= MAX_OUTPUT_BYTES:
+            return [value]
+        if len(batch.events) <= 1:
+            failures.append(Failure(f"EventBatch of {len(value)} bytes, over {MAX_OUTPUT_BYTES}", "encode",
+                                    ref=_first_ref(batch)))
+            return []
+        half = len(batch.events) // 2      # the correlator merges batches: any split is the same evidence
+        first = batch.model_copy(update={"events": batch.events[:half]})
+        second = batch.model_copy(update={"events": batch.events[half:], "paths": [], "metric_hosts": []})
+        return self._encode_batch(first, failures) + self._encode_batch(second, failures)
+
+    def _encode_apart(self, batch: EventBatch, failures: list[Failure], reason: str) -> list[bytes]:
+        """The batch did not encode: find the events that do not, dead-letter their lines, send the rest."""
+        good = []
+        for ev in batch.events:
+            try:
+                encode(EventBatch(workload_id="-", events=[ev]))
+                good.append(ev)
+            except Exception as exc:
+                failures.append(Failure(_reason(exc), "encode", ref=ev.ref.key()))
+        if len(good) == len(batch.events):      # the batch itself (its id, its paths) is what fails
+            failures.append(Failure(reason, "encode", ref=_first_ref(batch)))
+            return []
+        return self._encode_batch(batch.model_copy(update={"events": good}), failures)
+
+    # ------------------------------------------------------------ the loop
 
     def step(self, timeout: float = 0.5) -> int:
         failed_before = self._failed_deliveries
         if self.poll_timeline():
-            batches, expired = self.core.retry_held()
-            self.publish(batches)
-            self.keep_for_node_history(expired)
+            self._retry_held()
         msgs = self.consumer.consume(num_messages=self.cfg.batch, timeout=timeout)
         records: list[tuple[RawLine, int]] = []
+        origin: dict = {}
         for m in msgs:
             if m.error():
                 log.warning("consumer error: %s", m.error())
                 continue
             self.offsets.note_message(m)
             try:
-                records.append((decode_raw(m.value(), m.key(), m.headers(), m.offset()), m.timestamp()[1]))
+                rec = decode_raw(m.value(), m.key(), m.headers(), m.offset())
             except RecordError as exc:
+                self.core.counters.refused += 1
                 self.dead_letter(m, str(exc))
+                continue
             except Exception as exc:  # a record must never stop the worker
-                self.dead_letter(m, f"{type(exc).__name__}: {exc}")
+                self.core.counters.refused += 1
+                self.dead_letter(m, _reason(exc))
+                continue
+            records.append((rec, m.timestamp()[1]))
+            origin[id(rec)] = m
+            origin[(rec.path, rec.line)] = m
         if records:
-            self.publish(self.core.handle(records))
+            self.publish(self._handle(records, origin), origin)
         if self.core.held or self.core._unrouted_paths or self.core.metric_pending:
-            batches, expired = self.core.retry_held()
-            self.publish(batches)
-            self.keep_for_node_history(expired)
+            self._retry_held()
         if msgs:
             # At least once: everything produced for this batch is delivered before its offsets commit.
             left = self.producer.flush(30)
+            self._refused_for_good()
             if left or self._failed_deliveries != failed_before:
                 self.rewind(msgs)
             else:
-                self.consumer.commit(asynchronous=False)
+                self._commit(msgs)
+        self.report_progress()
         self.after_step()
         return len(msgs)
+
+    def _handle(self, records: list[tuple[RawLine, int]], origin: dict) -> dict[tuple[str, int], EventBatch]:
+        """``core.handle``, whose per-record failures become dead letters; if the batch as a whole
+        raises (past the per-record guards), each record alone, so only the culprit is refused."""
+        counted = self.core.counters.records
+        try:
+            out = self.core.handle(records)
+        except Exception:
+            log.exception("extraction of a batch of %d failed: handling its records one by one", len(records))
+            self._blame(self.core.take_failures(), origin)
+            out = {}
+            for r in records:
+                try:
+                    for key, b in self.core.handle([r]).items():
+                        out[key] = _merge(out.get(key), b)
+                except Exception as exc:
+                    self.core.failures.append(Failure(_reason(exc), "extract", r[0]))
+            self.core.counters.records = counted + len(records)       # each counted once
+        self._blame(self.core.take_failures(), origin)
+        return out
+
+    def _retry_held(self) -> None:
+        try:
+            batches, expired = self.core.retry_held()
+        except Exception:                        # past the per-line guards: logged, the loop goes on
+            log.exception("retrying held lines failed")
+            self.metrics.poisoned["extract"].inc()
+            batches, expired = {}, []
+        self._blame(self.core.take_failures(), {})
+        self.publish(batches)
+        self.keep_for_node_history(expired)
+
+    def _commit(self, msgs) -> None:
+        self.consumer.commit(asynchronous=False)
+        ends: dict[int, int] = {}
+        for m in msgs:
+            if m.error() is None and m.topic() == self.cfg.topic("raw"):
+                ends[m.partition()] = max(ends.get(m.partition(), 0), m.offset() + 1)
+        self.progress.committed(ends)
+
+    def _refused_for_good(self) -> None:
+        """Output the broker refused for good (too large...): dead-lettered, the batch is not read again."""
+        refused, self._refused_outputs = self._refused_outputs, []
+        for msg, err in refused:
+            topic = msg.topic() if msg is not None else "?"
+            if topic in (self.cfg.topic("deadletter"), self.cfg.topic("progress")):
+                continue                         # nothing to fall back on; logged in _delivered
+            value = msg.value() if msg is not None else None
+            self._send_dead(DeadLetter.of(f"the broker refused the {topic} record: {err}", "extractor", topic,
+                                          msg.partition() if msg is not None else -1, -1,
+                                          msg.key() if msg is not None else None, value, step="publish"),
+                            msg.key() if msg is not None else None, "publish")
+        if refused:
+            self.producer.flush(10)
+
+    # ------------------------------------------------------------ progress watermark
+
+    def report_progress(self, force: bool = False) -> None:
+        """Each owned raw partition's position and fetch high watermark, at most every PROGRESS_EVERY_S."""
+        now = time.monotonic()
+        if not force and now < self._progress_due:
+            return
+        self._progress_due = now + PROGRESS_EVERY_S
+        topic = self.cfg.topic("raw")
+        try:
+            unknown = self.progress.unknown()
+            if unknown:
+                for tp in self.consumer.committed([TopicPartition(topic, p) for p in unknown], timeout=2.0):
+                    start = tp.offset
+                    if start < 0:                # never committed: the consumer starts at the low watermark
+                        low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, tp.partition),
+                                                                     cached=True)
+                        start = low if low is not None and low >= 0 else 0
+                    self.progress.start_at(tp.partition, start)
+            highs = {}
+            # Caught up means nothing is left to route: that needs every start event read too.
+            current = self._timeline_current()
+            for p in self.progress.positions:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+                highs[p] = high if current and high is not None and high >= 0 else -1
+        except KafkaException as exc:
+            log.debug("progress not reported: %s", exc)
+            return
+        for rep in self.progress.reports(highs, int(time.time() * 1000)):
+            self._produce(self.cfg.topic("progress"), progress_key(topic, rep.partition),
+                          rep.model_dump_json().encode())
+        self.producer.poll(0)
+
+    def _timeline_current(self) -> bool:
+        """The scheduler topic read as far as its last fetch reported (a restarted worker catching up is not)."""
+        for tp in self.sched.position(self.sched.assignment()):
+            _, high = self.sched.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), cached=True)
+            if high is None or high < 0 or (tp.offset if tp.offset >= 0 else 0) < high:
+                return False
+        return True
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         while not self._stop:
-            self.step()
+            try:
+                self.step()
+            except KafkaException as exc:        # the broker, not a record: wait and go on
+                log.warning("step failed: %s", exc)
+                time.sleep(1.0)
         self.close()
 
     def close(self) -> None:
@@ -536,7 +876,7 @@ class ExtractorWorker:
         """Once per loop turn, O(1) unless the lag is due: heartbeat, records counted, lag."""
         self.health.beat()
         c = self.core.counters
-        seen = c.records + c.deadletters         # every raw record is handled or dead-lettered
+        seen = c.records + c.refused             # every raw record is handled or refused at decoding
         if seen != self._counted:
             self.metrics.raw_consumed.inc(seen - self._counted)
             self._counted = seen
@@ -573,11 +913,14 @@ class ExtractorWorker:
     def _assigned(self, _consumer, partitions) -> None:
         self._joined = True
         self._lag_due = 0.0                      # show the new partitions' lag at the next turn
+        self._progress_due = 0.0
+        self.progress.assigned(tp.partition for tp in partitions)
         self._readiness()
         log.info("assigned %d partition(s) of %s", len(partitions), self.cfg.topic("raw"))
 
-    def _revoked(self, _consumer, _partitions) -> None:
+    def _revoked(self, _consumer, partitions) -> None:
         self._joined = False
+        self.progress.revoked(tp.partition for tp in partitions)
         self._readiness()
 
     def _kafka_error(self, err: KafkaError) -> None:
@@ -602,15 +945,32 @@ class ExtractorWorker:
         log.warning("not every record of the batch was delivered; reading %d record(s) again", len(msgs))
 
     def _delivered(self, err, msg) -> None:
-        """The producer's delivery report; with delivery.report.only.error, only failures come here."""
+        """The producer's delivery report: events offsets for the watermark; failures sorted."""
         if err is None:
+            if msg is not None:
+                self.progress.delivered(msg.topic(), msg.partition(), msg.offset())
             return
-        self._failed_deliveries += 1
         self.metrics.kafka_errors.inc()
+        if err.code() in PERMANENT:
+            self._refused_outputs.append((msg, err))
+        else:
+            self._failed_deliveries += 1
         now = time.monotonic()
         if now >= self._delivery_log_due:        # at most one line per 10 s, however many fail
             self._delivery_log_due = now + 10.0
             log.warning("delivery to %s failed: %s", msg.topic() if msg is not None else "?", err)
+
+
+def _first_ref(batch: EventBatch) -> tuple[str, int] | None:
+    return batch.events[0].ref.key() if batch.events else None
+
+
+def _merge(a: EventBatch | None, b: EventBatch) -> EventBatch:
+    """Two batches of one workload (the correlator merges events by signature, so a list join is exact)."""
+    if a is None:
+        return b
+    return a.model_copy(update={"events": a.events + b.events, "paths": sorted(set(a.paths) | set(b.paths)),
+                                "metric_hosts": sorted(set(a.metric_hosts) | set(b.metric_hosts))})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,11 @@ def ensure_topics(cfg: StreamConfig, names: list[str] | None = None, timeout: fl
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
     wanted = names or list(cfg.topics.values())
     existing = set(admin.list_topics(timeout=timeout).topics)
-    new = [NewTopic(t, num_partitions=cfg.partitions, replication_factor=1) for t in wanted if t not in existing]
+    # Progress keeps one record per raw partition that matters: the latest (compacted).
+    compact = {cfg.topic("progress")}
+    new = [NewTopic(t, num_partitions=cfg.partitions, replication_factor=1,
+                    config={"cleanup.policy": "compact"} if t in compact else {})
+           for t in wanted if t not in existing]
     created = []
     if new:
         futures = admin.create_topics(new, operation_timeout=timeout)

@@ -163,7 +163,9 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Win
     metric_hosts: dict[Key, set[str]] = {k: set() for k in chosen}
 
     def run(batch: list[tuple[RawLine, int]]) -> None:
-        for key, out in core.handle(batch).items():
+        batches = core.handle(batch)
+        counts["raw_unreadable"] += len(core.take_failures())     # lines the engine raised on: left out
+        for key, out in batches.items():
             if key in events:
                 events[key].update(Ev.from_schema(e) for e in out.events)
                 paths[key].update(out.paths)

@@ -41,7 +41,8 @@ ENV_NAMES = {
     "bootstrap": "KAFKA_BOOTSTRAP", "redis_url": "REDIS_URL", "prefix": "TOPIC_PREFIX", "rules": "RULES",
     "partitions": "PARTITIONS", "grace_s": "GRACE_S", "grace_cap_s": "GRACE_CAP_S", "lateness_s": "LATENESS_S",
     "hold_s": "HOLD_S", "hold_max": "HOLD_MAX", "batch": "BATCH", "app_id": "APP_ID",
-    "extractor_group": "EXTRACTOR_GROUP",
+    "extractor_group": "EXTRACTOR_GROUP", "watermark_wait_s": "WATERMARK_WAIT_S",
+    "watermark_margin_s": "WATERMARK_MARGIN_S",
 }
 RESTART_RESET_S = 60.0        # a worker that ran this long starts its backoff afresh
 MAX_BACKOFF_S = 30.0
@@ -83,9 +84,10 @@ _TOPIC_SHAPES = {
     "scheduler": ("workload_id", "Avro SchedulerEvent (start, end) or its JSON"),
     "events": ("workload_id", "Avro EventBatch: one workload attempt's merged events"),
     "diagnoses": ("workload_id", "Avro Diagnosis (revision, provisional)"),
-    "deadletter": ("the refused record's key", "JSON DeadLetter: reason, stage, origin, original bytes"),
+    "deadletter": ("the refused record's key", "JSON DeadLetter: reason, stage, step, origin, the bytes (over 64 KiB: head, size, SHA-256)"),
     "node-history": ("host", "Avro Event: a node-scoped line no workload attempt claimed, extracted on its own"),
     "diagnoses-replay": ("workload_id", "Avro Diagnosis from `firstfault replay`"),
+    "progress": ("<raw topic>/<partition>", "JSON Progress: how far an extractor read a raw partition (compacted)"),
 }
 
 
@@ -95,12 +97,13 @@ def describe(cfg: StreamConfig, extractors: int = 1) -> Topology:
     workers = [
         WorkerInfo(name="extractor", kind="worker", instances=extractors, command="python -m firstfault.streams.extractor",
                    group=cfg.extractor_group, inputs=["raw (group)", "scheduler (every partition, no group)"],
-                   outputs=["events", "node-history", "deadletter"],
+                   outputs=["events", "node-history", "deadletter", "progress"],
                    stores=["allocation timeline (memory, rebuilt from the scheduler topic)",
                            f"held lines waiting for their workload (memory, <= {cfg.hold_max} for {cfg.hold_s:g}s)",
                            "last lines per file for stamp inheritance (memory)"]),
         WorkerInfo(name="correlator", kind="worker", instances=1, command="python -m firstfault.streams.correlator",
-                   group=cfg.app_id, inputs=["events", "scheduler"], outputs=["diagnoses", "deadletter"],
+                   group=cfg.app_id, inputs=["events", "scheduler", "progress (every partition, no group)"],
+                   outputs=["diagnoses", "deadletter"],
                    stores=["workload state per '<workload_id>:<attempt>' (Faust table, changelog topic)",
                            f"diagnoses store ({'Redis ' + cfg.redis_url if cfg.redis_url else 'none: topic only'})"]),
         WorkerInfo(name="ship", kind="command", instances=1, command="firstfault ship PATH", group=None,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -36,7 +37,7 @@ from firstfault.rules.diagnose import diagnose
 from firstfault.rules.early import run_early
 from firstfault.rules.engine import stream_inventory
 from firstfault.rules.model import Ev
-from firstfault.schemas import Diagnosis, Event, EventBatch, SchedulerEvent, WorkloadRecord
+from firstfault.schemas import Diagnosis, Event, EventBatch, MissingEvidence, SchedulerEvent, WorkloadRecord
 
 from .config import StreamConfig
 
@@ -95,10 +96,15 @@ class WorkloadState(BaseModel):
 
 @dataclass(frozen=True)
 class Now:
-    """The two clocks: stream time (max Kafka timestamp seen; None before any) and the wall clock."""
+    """The two clocks: stream time (max Kafka timestamp seen; None before any) and the wall clock.
+
+    ``behind``: the raw partitions the extractors have not read up to a state's end event
+    (:mod:`.progress`); None when no extractor progress is known, and then nothing waits.
+    """
 
     wall: datetime
     stream: datetime | None = None
+    behind: Callable[["WorkloadState"], list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -335,6 +341,20 @@ def close(state: WorkloadState, wall_now: datetime) -> None:
     state.dirty = state.root_arrived = False
 
 
+def waited_for_extractors(state: WorkloadState, wall_now: datetime, cfg: StreamConfig) -> bool:
+    """The bound on the progress wait: ``watermark_wait_s`` after the end event was seen."""
+    return state.end_seen is None or wall_now >= state.end_seen + timedelta(seconds=cfg.watermark_wait_s)
+
+
+def extractors_behind(partitions: list[int], cfg: StreamConfig) -> MissingEvidence:
+    """What a final published without the extractors' progress says about it."""
+    names = ", ".join(str(p) for p in partitions)
+    return MissingEvidence(kind="stream", detail=(
+        f"the extractors had not read raw partition(s) {names} up to the end event "
+        f"{cfg.watermark_wait_s:g} s after it: lines there are not in this diagnosis (a revision follows "
+        f"if they change it)"))
+
+
 def decide(state: WorkloadState, catalog: Catalog, now: Now, cfg: StreamConfig) -> list[Diagnosis]:
     """The diagnoses to publish now (also appended to ``state.pending``); may close the state."""
     if state.workload is None or state.closed_at is not None:
@@ -344,8 +364,14 @@ def decide(state: WorkloadState, catalog: Catalog, now: Now, cfg: StreamConfig) 
     if state.published is None:
         if not due_for_final(state, now.stream, now.wall, cfg):
             return []
+        behind = now.behind(state) if now.behind is not None and cfg.watermark_wait_s > 0 else []
+        if behind and not waited_for_extractors(state, now.wall, cfg):
+            return []                       # the timer looks again; the last provisional view stands
         state.dirty = state.root_arrived = False
-        return [_emit(state, diagnose_state(state, catalog), 0, False)]
+        d = diagnose_state(state, catalog)
+        if behind:
+            d = d.model_copy(update={"missing_evidence": [*d.missing_evidence, extractors_behind(behind, cfg)]})
+        return [_emit(state, d, 0, False)]
     if past_lateness(state, now.stream, now.wall, cfg):
         close(state, now.wall)
         return []

@@ -20,6 +20,8 @@ def worker_env(cfg, tmp: Path, **extra: str) -> dict:
                FIRSTFAULT_PARTITIONS=str(cfg.partitions), FIRSTFAULT_GRACE_S=str(cfg.grace_s),
                FIRSTFAULT_GRACE_CAP_S=str(cfg.grace_cap_s), FIRSTFAULT_APP_ID=cfg.app_id,
                FIRSTFAULT_EXTRACTOR_GROUP=cfg.extractor_group, FIRSTFAULT_CHANGELOG_ONE_PER_BATCH="1",
+               FIRSTFAULT_WATERMARK_WAIT_S=str(cfg.watermark_wait_s),
+               FIRSTFAULT_WATERMARK_MARGIN_S=str(cfg.watermark_margin_s),
                TMPDIR=str(tmp), **extra)
     return env
 
@@ -31,19 +33,26 @@ def pipeline_cfg(bootstrap: str, tag: str):
                         app_id=f"{tag}-correlator", extractor_group=f"{tag}-extractor")
 
 
+def start_worker(cfg, tmp_path: Path, module: str, log_name: str | None = None) -> subprocess.Popen:
+    """``python -m firstfault.streams.<module>`` on ``cfg``'s topics, its output in ``<log_name>.log``."""
+    log = open(tmp_path / f"{log_name or module}.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", f"firstfault.streams.{module}"], env=worker_env(cfg, tmp_path),
+                            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+
+
 @contextlib.contextmanager
-def running_pipeline(cfg, tmp_path: Path):
-    """An extractor and a correlator as subprocesses on ``cfg``'s topics, answering before this yields."""
+def running_pipeline(cfg, tmp_path: Path, procs: list | None = None):
+    """An extractor and a correlator as subprocesses on ``cfg``'s topics, answering before this yields.
+
+    ``procs``: a list the two processes are put in (extractor first), for a test that stops one."""
     from firstfault.connectors.shipper import ship
     from firstfault.streams import kafka
 
     kafka.ensure_topics(cfg)
-    procs = []
+    procs = [] if procs is None else procs
     try:
-        for module in ("firstfault.streams.extractor", "firstfault.streams.correlator"):
-            log = open(tmp_path / f"{module.rsplit('.', 1)[1]}.log", "wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", module], env=worker_env(cfg, tmp_path),
-                                          cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT))
+        for module in ("extractor", "correlator"):
+            procs.append(start_worker(cfg, tmp_path, module))
         # Production workers run long before a job ends; wait until both answer, with a
         # warm-up workload, so the grace period measures the pipeline, not process start-up.
         # (Its own host and day: node-scoped lines are shared by every workload on a node at a time.)

@@ -140,8 +140,8 @@ def test_a_batch_whose_output_was_not_delivered_is_read_again_not_committed(stre
     w = ExtractorWorker(cfg)
     real_publish, failed = w.publish, []
 
-    def publish_then_refused(batches):
-        real_publish(batches)
+    def publish_then_refused(batches, *rest):
+        real_publish(batches, *rest)
         if not failed:
             failed.append(1)
             w._delivered(KafkaError(KafkaError._MSG_TIMED_OUT), None)

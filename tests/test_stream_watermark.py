@@ -1,0 +1,171 @@
+"""The correlator finalizes only once the extractors read the raw topic up to the end (issue 10, finding 9).
+
+Pure parts first (the progress records, the decision and its bound), then the real thing:
+extractor and correlator subprocesses on the embedded broker; the extractor is stopped, a
+workload ships, and past the grace no final diagnosis comes out; the extractor starts
+again and the final equals ``analyze``'s.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from confluent_kafka import TopicPartition
+
+from firstfault.connectors.shipper import ship
+from firstfault.rules.bundle import open_bundle
+from firstfault.rules.catalog import load_catalog
+from firstfault.rules.engine import analyze_bundle, analyze_path
+from firstfault.schemas.records import Progress
+from firstfault.streams import kafka
+from firstfault.streams.config import StreamConfig
+from firstfault.streams.extractor import ExtractorWorker
+from firstfault.streams.progress import ProgressTracker, ProgressView
+from firstfault.streams.workload_state import Now, apply_scheduler, decide, merge_batch, new_state
+
+from conftest import SAMPLES
+from stream_pipeline import pipeline_cfg, read_finals, running_pipeline, start_worker
+
+pytest_plugins = ["conftest_kafka"]
+STREAM_ONLY = ("revision", "provisional")
+T0 = 1_800_000_000_000
+
+
+def rep(partition: int, position: int, high: int, ts_ms: int, events_end: dict | None = None) -> Progress:
+    return Progress(topic="t.raw", partition=partition, position=position, high=high, ts_ms=ts_ms, worker="x",
+                    events_end=events_end or {})
+
+
+# ---------------------------------------------------------------- pure
+
+def test_a_partition_counts_once_a_caught_up_report_is_stamped_after_the_end():
+    view = ProgressView("t.raw", partitions=2)
+    assert not view.seen_any and view.behind(T0, 0, 0) == [0, 1]
+    view.add(rep(0, 10, 10, T0 - 1))                  # caught up, but before the end
+    view.add(rep(1, 0, 0, T0 + 5))                    # idle: never held a record, caught up
+    assert view.seen_any and view.behind(T0, 0, 0) == [0]
+    view.add(rep(0, 10, 12, T0 + 10))                 # after the end, but two records behind
+    assert view.behind(T0, 0, 0) == [0]
+    view.add(rep(0, 12, 12, T0 + 20, {0: 7}))         # caught up; its EventBatches end at events offset 7
+    assert view.behind(T0, 0, 6) == [0]               # the correlator merged up to 6 only
+    assert view.behind(T0, 0, 7) == [] and view.behind(T0, 1, None) == []
+    assert view.behind(T0 + 21, 0, 7) == [0, 1]       # a later end needs later reports
+    assert not view.add_json(b"not json") and not view.add(rep(0, 1, 1, T0).model_copy(update={"topic": "other"}))
+
+
+def test_the_extractor_side_reports_committed_positions_and_delivered_events():
+    tr = ProgressTracker("t.raw", "t.events", "w1")
+    tr.assigned([0, 1])
+    assert tr.unknown() == [0, 1] and tr.reports({}, T0) == []
+    tr.start_at(0, 5)
+    tr.start_at(1, -1001)                             # nothing committed: from the low watermark (0)
+    tr.committed({0: 9})
+    tr.delivered("t.events", 1, 41)
+    tr.delivered("t.node-history", 0, 99)
+    reports = {r.partition: r for r in tr.reports({0: 9, 1: 3}, T0)}
+    assert (reports[0].position, reports[0].caught_up, reports[1].caught_up) == (9, True, False)
+    assert reports[0].events_end == {1: 42}
+    tr.revoked([1])
+    assert [r.partition for r in tr.reports({0: 9}, T0)] == [0]
+
+
+def _ended_state(cfg: StreamConfig, end_seen: datetime):
+    bundle = open_bundle(SAMPLES / "cuda-oom-one-rank")
+    wl = bundle.workload
+    st = new_state(wl.workload_id, wl.attempt, end_seen, partition=0)
+    from firstfault.schemas import EventBatch, SchedulerEvent
+
+    apply_scheduler(st, SchedulerEvent(type="start", workload=wl.model_copy(update={"end_time": None}),
+                                       ts=wl.start_time), end_seen)
+    events = [e.to_schema() for e in analyze_bundle(bundle, load_catalog(), keep_events=True).events]
+    merge_batch(st, EventBatch(workload_id=wl.workload_id, events=events, paths=[f.path for f in bundle.files]),
+                load_catalog(), 0, end_seen)
+    apply_scheduler(st, SchedulerEvent(type="end", workload=wl, ts=wl.end_time), end_seen)
+    return st
+
+
+def test_a_final_waits_for_the_extractors_but_no_longer_than_the_bound():
+    cfg = StreamConfig(grace_s=3600, grace_cap_s=1, watermark_wait_s=30)
+    seen = datetime(2026, 11, 4, 15, 0, tzinfo=timezone.utc)
+    catalog = load_catalog()
+    st = _ended_state(cfg, seen)
+    behind = lambda s: [1]                                           # noqa: E731 - partition 1 is behind
+    assert decide(st, catalog, Now(wall=seen + timedelta(seconds=5), behind=behind), cfg) == []
+    assert decide(st, catalog, Now(wall=seen + timedelta(seconds=29), behind=behind), cfg) == []
+    (final,) = decide(st, catalog, Now(wall=seen + timedelta(seconds=30), behind=behind), cfg)
+    assert not final.provisional and final.revision == 0
+    note = [m for m in final.missing_evidence if m.kind == "stream"]
+    assert len(note) == 1 and "raw partition(s) 1" in note[0].detail
+    # Caught up: final at the grace, nothing said; no extractor known (behind None): as before.
+    for b in (lambda s: [], None):
+        st = _ended_state(cfg, seen)
+        (d,) = decide(st, catalog, Now(wall=seen + timedelta(seconds=2), behind=b), cfg)
+        assert not [m for m in d.missing_evidence if m.kind == "stream"]
+    off = cfg.model_copy(update={"watermark_wait_s": 0})             # 0: the gate is off
+    assert decide(_ended_state(off, seen), catalog, Now(wall=seen + timedelta(seconds=2), behind=behind), off)
+
+
+# ---------------------------------------------------------------- the extractor's reports, real broker
+
+def test_an_idle_partition_is_reported_caught_up_and_a_busy_one_once_read(stream_cfg):
+    cfg = stream_cfg
+    kafka.ensure_topics(cfg)
+    prod = kafka.producer(cfg)
+    for i in range(3):
+        prod.produce(cfg.topic("raw"), key=b"n1", value=b"plain line %d" % i, partition=0,
+                     headers=[("host", b"n1")])
+    assert prod.flush(10) == 0
+    w = ExtractorWorker(cfg)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and w.core.counters.records < 3:
+            w.step(timeout=0.3)
+        time.sleep(1.1)
+        w.step(timeout=0.3)                          # a report after the batch committed
+        w.producer.flush(5)
+    finally:
+        w.close()
+    c = kafka.consumer(cfg, group=f"{cfg.prefix}p-{uuid.uuid4().hex[:6]}")
+    c.assign([TopicPartition(cfg.topic("progress"), p, 0) for p in range(cfg.partitions)])
+    latest: dict[int, Progress] = {}
+    try:
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not (latest.get(0) and latest[0].position == 3 and 1 in latest):
+            for m in c.consume(100, 0.5):
+                if m.error() is None:
+                    r = Progress.model_validate_json(m.value())
+                    latest[r.partition] = r
+                    assert m.key() == f"{cfg.topic('raw')}/{r.partition}".encode()
+    finally:
+        c.close()
+    assert (latest[0].position, latest[0].high, latest[0].caught_up) == (3, 3, True)
+    assert (latest[1].position, latest[1].high, latest[1].caught_up) == (0, 0, True)
+
+
+# ---------------------------------------------------------------- the whole pipeline
+
+def test_no_final_while_the_extractor_is_down_then_the_right_one(kafka_bootstrap, tmp_path):
+    cfg = pipeline_cfg(kafka_bootstrap, f"wm-{uuid.uuid4().hex[:8]}").model_copy(
+        update={"grace_cap_s": 2.0, "watermark_wait_s": 300.0})
+    sample = SAMPLES / "host-oom-killer"
+    wid = json.loads((sample / "workload.json").read_text())["workload_id"]
+    procs: list = []
+    with running_pipeline(cfg, tmp_path, procs):
+        extractor = procs[0]
+        extractor.send_signal(signal.SIGTERM)                      # stopped (a crash loop looks the same)
+        extractor.wait(20)
+        shipped = time.monotonic()
+        ship(sample, cfg)
+        # Well past the grace cap: the old correlator published revision 0 by now, without the evidence.
+        early = read_finals(cfg, lambda out: wid in out, timeout=max(1.0, cfg.grace_cap_s + 6 - (time.monotonic() - shipped)))
+        assert wid not in early, "a final diagnosis while the extractor had not read the raw topic"
+        procs.append(start_worker(cfg, tmp_path, "extractor", "extractor-2"))
+        got = read_finals(cfg, lambda out: wid in out, timeout=90)
+        assert wid in got, (tmp_path / "correlator.log").read_text(errors="replace")[-3000:]
+        final = got[wid][0]
+        assert final.revision == 0
+        assert {k: v for k, v in final.to_dict().items() if k not in STREAM_ONLY} == \
+            json.loads(analyze_path(sample).diagnosis.to_json())
