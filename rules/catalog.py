@@ -270,8 +270,12 @@ def _tag(raw: Any, taxonomy: Mapping[str, Mapping[str, Any]], errs: _Errors, fil
             errs.add(file, rid, f"tag {dom}/{sub} is not in the taxonomy")
             return None
     try:
+        step = raw.get("next_step")
+        if step is not None and (role != "root" or not isinstance(step, str) or not step.strip()):
+            errs.add(file, rid, "next_step is a sentence, on a root tag only")
+            step = None
         return Tag(role=role, domain=dom, sub_domain=sub, strength=raw.get("strength", "strong"),
-                   fields=dict(raw.get("fields") or {}))
+                   fields=dict(raw.get("fields") or {}), next_step=step)
     except ValueError as exc:
         errs.add(file, rid, str(exc))
         return None

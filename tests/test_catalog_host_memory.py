@@ -90,6 +90,8 @@ def test_memory_failure_sigbus_is_attributed_to_the_host():
     # the peers' timeouts and the rank's SIGBUS exit are its echoes, not causes of their own
     assert diag.symptom_coverage >= 0.9, diag.symptom_coverage
     assert diag.recovery.action == "drain_nodes" and diag.recovery.nodes == ["node-a"]
+    # The rule's own next step, more precise than the host_kernel_error row's (issue 13).
+    assert "DIMM" in diag.recovery.next_step and diag.recovery.next_step.startswith("drain node-a")
 
 
 def test_sigbus_line_alone_is_enough():

@@ -24,6 +24,7 @@ class Tag:
     strength: str = "strong"
     fields: Mapping[str, Any] = field(default_factory=dict)   # decoded fields to add to the event
     output: str | None = None                   # one human sentence; {host} {gpu} {rank} and field names are filled in
+    next_step: str | None = None                # what to do, when more precise than the taxonomy row's (a template too)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

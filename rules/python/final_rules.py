@@ -581,7 +581,9 @@ def recovery(ctx: FinalContext) -> None:
     if root.domain == "application":
         reasons.append("an application fault: the node where it happened is not at fault")
     keep = action in ("drain_nodes", "retry_excluding_nodes")
-    step = entry.get("next_step", "")
+    # The rule that tagged the root may know better than its sub_domain's row (a DIMM, not "the node").
+    own = next((r.tag.next_step for r in ctx.catalog.early if r.id in root.early_rules and r.tag and r.tag.next_step), None)
+    step = render(own, root) if own else entry.get("next_step", "")
     if isinstance(vendor, str) and vendor not in ("IGNORE", "RESTART_APP"):
         extra = root.fields.get("investigatory")
         step = f"{step} (NVIDIA: {vendor}" + (f", then {extra})" if isinstance(extra, str) and extra != vendor else ")")
