@@ -1,4 +1,4 @@
-"""The ``firstfault`` command (contract section 4)."""
+"""firstfault: say why a distributed training job failed, from the first fault rather than its echoes."""
 from __future__ import annotations
 
 import argparse
@@ -144,12 +144,19 @@ def _add_stream_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="firstfault", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="firstfault", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  firstfault analyze job.log                 one log file, as posted\n"
+               "  firstfault analyze bundle/ --json          a bundle or any folder of logs; the diagnosis as JSON\n"
+               "  firstfault up                              the streaming pipeline, embedded broker\n"
+               "  firstfault rules lint && firstfault rules test\n"
+               "'firstfault COMMAND --help' says more about each command.")
     parser.add_argument("--version", action="version", version=f"firstfault {__import__('firstfault').__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("analyze", help="diagnose one workload attempt's evidence bundle")
-    p.add_argument("path", help="bundle directory, .tar.gz or .zip")
+    p = sub.add_parser("analyze", help="diagnose one workload attempt from a log file, a folder of logs or a bundle")
+    p.add_argument("path", help="a log file, a folder of logs in any layout, or a bundle (folder, .tar.gz or .zip)")
     p.add_argument("--json", action="store_true", help="print exactly the diagnosis object")
     p.add_argument("--rules", default=_env("RULES"), help="a rules directory laid over the built-in catalog")
     p.add_argument("--max-archive-bytes", type=_size, metavar="SIZE",
@@ -174,16 +181,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     rules = sub.add_parser("rules", help="test, lint and list the rule catalog")
     rsub = rules.add_subparsers(dest="rules_command", required=True)
-    for name, fn, helptext in (("test", cmd_rules_test, "run every rule's own examples"),
-                               ("lint", cmd_rules_lint, "validate the catalog"),
-                               ("list", cmd_rules_list, "list the rules")):
+    for name, fn, helptext in (("test", cmd_rules_test, "run every rule's own examples: the real lines that must and must not fire it"),
+                               ("lint", cmd_rules_lint, "check the catalog: format, taxonomy, kinds and fields a rule names, linear-time regexes that cannot backtrack"),
+                               ("list", cmd_rules_list, "list the rules with their ids, files and status")):
         rp = rsub.add_parser(name, help=helptext)
         rp.add_argument("--rules", default=_env("RULES"), help="a rules directory laid over the built-in catalog")
         rp.add_argument("--json", action="store_true")
         if name == "test":
             rp.add_argument("--only", help="only rules whose id starts with this")
         rp.set_defaults(fn=fn)
+    _describe(sub)
+    _describe(rsub)
     return parser
+
+
+def _describe(sub: argparse._SubParsersAction) -> None:
+    """Each command's --help opens with what it does (its one-line help), not with nothing."""
+    for action in sub._choices_actions:
+        cmd = sub.choices.get(action.dest)
+        if cmd is not None and not cmd.description and action.help:
+            cmd.description = action.help[0].upper() + action.help[1:] + "."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The readable summary of a diagnosis, for a person at a terminal."""
 from __future__ import annotations
 
+from firstfault.rules.summary import percent
 from firstfault.schemas import Diagnosis
 
 _BAR = {"attributed": "ATTRIBUTED", "ambiguous": "AMBIGUOUS", "unattributed": "UNATTRIBUTED",
@@ -73,11 +74,11 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
         out.append(f"              | {rc.text[:160]}")
     for cand in d.candidates:
         out.append(f"  candidate   {cand.domain}/{cand.sub_domain} on {_hosts(cand.nodes)} "
-                   f"(explains {cand.coverage:.0%}): {cand.message}")
+                   f"(explains {percent(cand.coverage)}): {cand.message}")
     out.append(f"  responsible {_hosts(d.responsible_nodes)}    suspect {_hosts(d.suspect_nodes)}")
     if d.status != "no_failure":
         total = sum(s.count for s in d.symptoms)
-        out.append(f"  coverage    {d.symptom_coverage:.0%} of symptom lines explained ({total:,} symptom lines)")
+        out.append(f"  coverage    {percent(d.symptom_coverage)} of symptom lines explained ({total:,} symptom lines)")
     out.append("")
     timeline = []
     root_at = (rc.onset or rc.timestamp or "") if rc is not None else ""
@@ -100,7 +101,8 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
         out.append("Symptoms")
         for s in d.symptoms:
             mark = "explained" if s.explained else "unexplained"
-            out.append(f"  {s.kind:24} {s.count:>8,}  {len(s.hosts):>4} hosts  ranks {_ranks(s.ranks)}  "
+            hosts = f"{len(s.hosts):>4} host{'' if len(s.hosts) == 1 else 's'}"
+            out.append(f"  {s.kind:24} {s.count:>8,}  {hosts:<10} ranks {_ranks(s.ranks)}  "
                        f"{_t(s.first)} → {_t(s.last)}  [{mark}]  e.g. {s.sample.path}:{s.sample.line}")
         out.append("")
     if d.missing_evidence:
@@ -117,7 +119,14 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
     if d.recovery.next_step:
         out.extend(_wrap(f"next: {d.recovery.next_step}", "            "))
     if stats:
-        out.append(f"Read        {stats['lines']:,} lines in {stats['files']} files: {stats['matched']:,} matched, "
-                   f"{stats['lines'] - stats['candidates']:,} unmatched, {stats['unparsed']} unparsed")
+        # The four parts add up to the lines read: a damaged line kept as evidence counts as
+        # matched by the engine, so it is taken out of "matched" here.
+        read, cands, matched, damaged = (stats.get(k, 0) for k in ("lines", "candidates", "matched", "unparsed"))
+        files = stats["files"]
+        lines = _wrap(f"{read:,} line{'' if read == 1 else 's'} in {files} file{'' if files == 1 else 's'}: "
+                      f"{matched - damaged:,} matched a pattern, {cands - matched:,} hit an anchor but no pattern, "
+                      f"{read - cands:,} had no anchor, {damaged:,} unreadable (kept as evidence)", " " * 12)
+        lines[0] = "Read        " + lines[0].lstrip()
+        out.extend(lines)
     out.append(f"Rules       {d.rules_version}    diagnosis {d.diagnosis_id}")
     return "\n".join(out)

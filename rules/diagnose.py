@@ -20,7 +20,7 @@ from firstfault.schemas import (
 from .bundle import source_of
 from .catalog import Catalog
 from .early import run_early
-from .final import DEFAULT_SETTINGS, FinalContext, reachable, root_order
+from .final import SCHEDULER_RECORD, DEFAULT_SETTINGS, FinalContext, reachable, root_order
 from .model import Ev
 from .python import ordered as final_rules
 from .python.final_rules import responsible
@@ -93,8 +93,8 @@ def _symptoms(ctx: FinalContext) -> list[Symptom]:
         explained |= {id(t) for t in reachable(ctx, root)}
     members: dict[str, list[Ev]] = defaultdict(list)
     for ev in ctx.events:
-        if id(ev) in ctx.excluded or ev in ctx.chosen:
-            continue
+        if id(ev) in ctx.excluded or ev in ctx.chosen or ev.kind == SCHEDULER_RECORD:
+            continue                # the workload record is the job's end, not a symptom line
         if ev.role in ("symptom", "marker") or (ev.role == "root" and id(ev) in ctx.explained_by):
             members[ev.kind].append(ev)
         elif ev.role == "root" and ctx.status != "attributed" and not ctx.candidates:

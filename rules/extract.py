@@ -32,6 +32,7 @@ MAX_RANK = 10_000_000         # a larger "rank" is not one (and would not fit th
 LONG = 2 ** 63                # Avro long: an int field outside it is kept as its text
 MAX_ONSET_MS = 366 * 86400 * 1000     # "ran for N ms" past a year is not a duration to subtract
 LOOKBACK = 64                 # lines searched upward for a stamp to inherit
+SHOWN = 2000                  # characters of a line kept as its evidence text
 _HAS_TIME = re.compile(r"\d:\d\d:\d\d|\[\s*\d+\.\d+\]")
 _RANK_FILE = re.compile(r"rank[-_.]?(\d{1,7})", re.IGNORECASE)
 _PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?$")
@@ -254,7 +255,7 @@ class Extractor:
                 stats.unparsed_refs.append((path, line_no))
             # Kept as evidence: one aggregated event per file, so a flood stays one entry.
             return Ev(kind="unparsed", pattern="unparsed", source=source, path=path, line=line_no,
-                      text=text[:2000], host=file_host, stamp=head.stamp, last_stamp=head.stamp,
+                      text=_shown(text), host=file_host, stamp=head.stamp, last_stamp=head.stamp,
                       onset=head.stamp, quality=head.quality,
                       fields={"reason": "line too long" if truncated else "invalid UTF-8"},
                       signature="\x1f".join(("unparsed", path)))
@@ -310,9 +311,14 @@ class Extractor:
         rank_key = "*" if pat.aggregate_ranks else repr(rank)
         signature = "\x1f".join((pat.kind, pat.id, source, host or "", pci or "", rank_key) + group)
         return Ev(kind=pat.kind, pattern=pat.id, source=source, path=path, line=line_no,
-                  text=text[:2000], host=host, pci=pci, rank=rank, stamp=head.stamp,
+                  text=_shown(text), host=host, pci=pci, rank=rank, stamp=head.stamp,
                   last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
                   count=1, ranks={rank} if rank is not None else set(), signature=signature)
+
+
+def _shown(text: str, limit: int = SHOWN) -> str:
+    """The line as evidence shows it: a cut line ends in an ellipsis, so nobody reads it as whole."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _typed(typ: Any, value: str) -> Any:

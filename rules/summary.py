@@ -14,9 +14,22 @@ from firstfault.schemas import Candidate, RootCause
 from .final import FinalContext, placed
 
 
-def _pct(x: float) -> str:
-    value = 100 * x
-    return f"{value:.0f}%" if value in (0, 100) or 1 <= value <= 99 else f"{value:.1f}%"
+def percent(x: float) -> str:
+    """A share as people read it: 100% only when it is all, 0% only when it is none (the CLI
+    summary and the page say the same: firstfault/render.py, templates/_percent.html)."""
+    if x >= 1:
+        return "100%"
+    if x <= 0:
+        return "0%"
+    whole = round(x * 100)
+    if whole >= 100:
+        return f"{int(x * 1000) / 10:.1f}%"      # 99.87% reads 99.8%, not 100%
+    if whole <= 0:
+        return "<1%"
+    return f"{whole}%"
+
+
+_pct = percent
 
 
 def _where(ref: Any) -> str:

@@ -28,6 +28,14 @@ from .ui_view import diagnosis_view, headline
 
 HERE = FsPath(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
+
+
+def _when(stamp: str | None) -> str:
+    """An ISO stamp as people read it: '2026-11-05 11:00:02.000 UTC' (milliseconds, no 'T')."""
+    return "no time" if not stamp else stamp.replace("T", " ").rstrip("Z")[:23] + " UTC"
+
+
+templates.env.filters["when"] = _when
 STATUSES = ("attributed", "ambiguous", "unattributed", "no_failure")
 HTML = {"text/html": {"schema": {"type": "string"}}}
 
