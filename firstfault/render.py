@@ -75,7 +75,11 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
     for cand in d.candidates:
         out.append(f"  candidate   {cand.domain}/{cand.sub_domain} on {_hosts(cand.nodes)} "
                    f"(explains {percent(cand.coverage)}): {cand.message}")
-    out.append(f"  responsible {_hosts(d.responsible_nodes)}    suspect {_hosts(d.suspect_nodes)}")
+    line = f"  responsible {_hosts(d.responsible_nodes)}    suspect {_hosts(d.suspect_nodes)}"
+    if d.candidates:
+        # Nobody is responsible until the candidates are told apart, but each names its nodes.
+        line += f"    candidates on {_hosts(sorted({n for cand in d.candidates for n in cand.nodes}))}"
+    out.append(line)
     if d.status != "no_failure":
         total = sum(s.count for s in d.symptoms)
         out.append(f"  coverage    {percent(d.symptom_coverage)} of symptom lines explained ({total:,} symptom lines)")

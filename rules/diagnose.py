@@ -88,8 +88,11 @@ def _message(ev: Ev, catalog: Catalog) -> str:
 
 
 def _symptoms(ctx: FinalContext) -> list[Symptom]:
+    # Ambiguous: a symptom is explained when a candidate explains it (whichever is the cause),
+    # so the flags agree with the coverage the candidates are shown with.
+    roots = list(ctx.chosen) or [m for c in ctx.candidates for m in c["members"]]
     explained = set()
-    for root in ctx.chosen:
+    for root in roots:
         explained |= {id(t) for t in reachable(ctx, root)}
     members: dict[str, list[Ev]] = defaultdict(list)
     for ev in ctx.events:
@@ -109,7 +112,7 @@ def _symptoms(ctx: FinalContext) -> list[Symptom]:
             hosts=sorted({e.host for e in evs if e.host}),
             ranks=sorted(set().union(*(e.ranks for e in evs))),
             first=iso_z(min(firsts)) if firsts else None, last=iso_z(max(lasts)) if lasts else None,
-            sample=evs[0].ref(), explained=all(id(e) in explained for e in evs) and bool(ctx.chosen),
+            sample=evs[0].ref(), explained=all(id(e) in explained for e in evs) and bool(roots),
         ))
     out.sort(key=lambda s: (s.first is None, s.first or "", s.kind))
     return out
