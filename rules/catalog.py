@@ -64,9 +64,10 @@ class Pattern:
     stamp_field: str | None = None          # a field holding the time the line states for itself
     unless: LinearRegex | None = None       # a line this also matches is not this pattern's (RE2 has no look-around)
 
-    def search(self, message: str) -> LineMatch | None:
-        m = self.regex.search(message)
-        if m is None or (self.unless is not None and self.unless.search(message) is not None):
+    def search(self, message: str, data: bytes | None = None) -> LineMatch | None:
+        """``data``: the message's UTF-8 bytes, when the caller tries several patterns on it."""
+        m = self.regex.search(message, data)
+        if m is None or (self.unless is not None and self.unless.search(message, data) is not None):
             return None
         return m
 

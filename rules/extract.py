@@ -191,7 +191,7 @@ class Extractor:
         base_line = 1
         for chunk in _whole_lines(chunks):
             lines_here = chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1)
-            self.scan_block(path, source, file_host, ctx, chunk, base_line, events, stats, tail)
+            self.scan_block(path, source, file_host, ctx, chunk, base_line, events, stats, tail, lines_here)
             stats.lines += lines_here
             base_line += lines_here
             # The look-back spans chunks: a chunk of a few lines (a slow writer, a small read)
@@ -203,11 +203,13 @@ class Extractor:
 
     def scan_block(self, path: str, source: str, file_host: str | None, ctx: StampContext,
                    block: bytes, first_line: int, events: EventSet, stats: ExtractStats,
-                   tail: list[bytes] | None = None) -> None:
-        """Prefilter one block of consecutive lines of ``path`` starting at ``first_line``."""
+                   tail: list[bytes] | None = None, lines: int | None = None) -> None:
+        """Prefilter one block of consecutive lines of ``path`` starting at ``first_line``
+        (``lines``: how many it holds, when the caller has counted them)."""
+        lines = block.count(b"\n") + 1 if lines is None else lines
         try:
             # Real logs hit a few anchors a line; far more means a line made of anchors.
-            hits = self.prefilter.scan(block, MAX_LINE, max_hits=8 * block.count(b"\n") + 10_000)
+            hits = self.prefilter.scan(block, MAX_LINE, max_hits=8 * lines + 10_000)
         except TooManyHits:
             block = _cut_long_lines(block, MAX_LINE + 1)
             hits = self.prefilter.scan(block, MAX_LINE)
@@ -238,8 +240,9 @@ class Extractor:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         damaged = truncated or "\ufffd" in text
         head = read_head(text, ctx)
+        data = head.message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
         for pat in self._candidates(frozenset(anchor_ids), source):
-            m = pat.search(head.message)
+            m = pat.search(head.message, data)
             if m is not None:
                 if head.stamp is None and head.quality != "order_only" and above is not None:
                     if isinstance(above, _Above):

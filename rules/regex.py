@@ -32,7 +32,7 @@ class LineMatch:
         self._groups = groups
 
     def groupdict(self) -> dict[str, str | None]:
-        return dict(self._groups)
+        return self._groups            # read-only by convention: built for this one match
 
 
 class LinearRegex:
@@ -57,13 +57,18 @@ class LinearRegex:
         self._rx = compiled._regexp
         self._names = tuple(sorted(self.groupindex.items(), key=lambda kv: kv[1]))
 
-    def search(self, text: str) -> LineMatch | None:
-        data = text.encode("utf-8", "surrogatepass")
+    def search(self, text: str, data: bytes | None = None) -> LineMatch | None:
+        """``data``: the text's UTF-8 bytes when the caller has them (one encoding per line)."""
+        if data is None:
+            data = text.encode("utf-8", "surrogatepass")
         spans = self._rx.Match(_UNANCHORED, data, 0, len(data))
         if spans[0][0] < 0:
             return None
-        return LineMatch({name: (None if spans[i][0] < 0 else data[spans[i][0]:spans[i][1]].decode("utf-8", "replace"))
-                          for name, i in self._names})
+        groups: dict[str, str | None] = {}
+        for name, i in self._names:
+            start, end = spans[i]
+            groups[name] = None if start < 0 else data[start:end].decode("utf-8", "replace")
+        return LineMatch(groups)
 
     def __repr__(self) -> str:
         return f"LinearRegex({self.pattern!r}{', ignore_case=True' if self.ignore_case else ''})"
