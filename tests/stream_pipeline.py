@@ -103,3 +103,20 @@ def read_finals(cfg, want, timeout: float = 120.0) -> dict:
     finally:
         c.close()
     return out
+
+
+def drain(cfg, topic: str, want, timeout: float = 40.0) -> list:
+    """Every record of ``topic`` (all partitions, from the start) until ``want(records)`` or the timeout."""
+    from confluent_kafka import TopicPartition
+
+    from firstfault.streams import kafka
+
+    c = kafka.consumer(cfg, group=f"{cfg.prefix}reader-{time.monotonic_ns()}")
+    c.assign([TopicPartition(topic, p, 0) for p in range(cfg.partitions)])
+    got, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not want(got):
+            got.extend(m for m in c.consume(num_messages=500, timeout=0.5) if m.error() is None)
+    finally:
+        c.close()
+    return got

@@ -3,9 +3,7 @@ ASGI, the real engine threads; the store is the in-process one (nothing here rea
 from __future__ import annotations
 
 import asyncio
-import io
 import json
-import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +17,7 @@ from firstfault.rules.catalog import load_catalog
 from firstfault.rules.engine import analyze_bundle
 
 from conftest import BASE_WORKLOAD, sample_dirs
+from archives import tar_with
 
 pytestmark = pytest.mark.anyio
 WRITE = "write-token-1"
@@ -44,14 +43,7 @@ def slow_body(lines: int) -> bytes:
 SMALL = {"workload": BASE_WORKLOAD, "files": {"logs/app/node-01.log": "0: hello\n"}}
 
 
-def tar_with(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+
 
 
 # ---------------------------------------------------------------- finding 5: unauthenticated routes

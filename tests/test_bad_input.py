@@ -9,6 +9,7 @@ import zipfile
 import pytest
 
 from conftest import BASE_WORKLOAD
+from archives import archive as _archive
 
 
 def run(*args):
@@ -64,19 +65,7 @@ def test_damaged_relevant_line_is_kept_as_unparsed_evidence(make_bundle):
     assert step["events"] == [{"path": "logs/syslog/node-02.log", "line": 1}]
 
 
-def _archive(kind, members):
-    buf = io.BytesIO()
-    if kind == "zip":
-        with zipfile.ZipFile(buf, "w") as zf:
-            for name, data in members.items():
-                zf.writestr(name, data)
-    else:
-        with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-            for name, data in members.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+
 
 
 @pytest.mark.parametrize("kind, suffix", [("zip", ".zip"), ("tar", ".tar.gz")])

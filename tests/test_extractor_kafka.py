@@ -16,20 +16,12 @@ from firstfault.schemas.avro import encode
 from firstfault.streams import kafka
 from firstfault.streams.codecs import decode_batch
 from firstfault.streams.extractor import ExtractorWorker
+from stream_pipeline import drain as _drain
 
 pytest_plugins = ["conftest_kafka"]
 
 
-def _drain(cfg, topic, want, timeout=40.0):
-    c = kafka.consumer(cfg, group=f"{cfg.prefix}reader-{time.monotonic_ns()}")
-    c.assign([TopicPartition(topic, p, 0) for p in range(cfg.partitions)])
-    got, deadline = [], time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and not want(got):
-            got.extend(m for m in c.consume(num_messages=500, timeout=0.5) if m.error() is None)
-    finally:
-        c.close()
-    return got
+
 
 
 def _run_worker(cfg, stop):

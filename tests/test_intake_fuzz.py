@@ -5,10 +5,7 @@ Time-bounded and reproducible: derandomized, a fixed number of small examples ea
 """
 from __future__ import annotations
 
-import io
 import json
-import tarfile
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from firstfault.rules.jsonsafe import load_json
 from firstfault.schemas import WorkloadRecord
 
 from conftest import BASE_WORKLOAD
+from archives import archive as _archive
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -95,19 +93,7 @@ def test_open_input_on_any_small_folder_gives_an_intake_or_a_bundle_error(tmp_pa
     assert got is None or (isinstance(got, Intake) and isinstance(got.bundle, Bundle))
 
 
-def _archive(kind: str, members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    if kind == "zip":
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-            for name, data in members.items():
-                zf.writestr(name, data)
-    else:
-        with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-            for name, data in members.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+
 
 
 @FUZZ

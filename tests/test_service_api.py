@@ -25,6 +25,7 @@ from firstfault.connectors.sinks.redis_store import DiagnosisStore
 from firstfault.schemas import Diagnosis
 
 from conftest import BASE_WORKLOAD, SAMPLES, sample_dirs
+from archives import tar_with
 
 pytestmark = pytest.mark.anyio
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -66,19 +67,7 @@ def zip_of(sample: Path) -> bytes:
     return buf.getvalue()
 
 
-def tar_with(members: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        for name, target in (links or {}).items():
-            info = tarfile.TarInfo(name)
-            info.type = tarfile.SYMTYPE
-            info.linkname = target
-            tf.addfile(info)
-    return buf.getvalue()
+
 
 
 @lru_cache(maxsize=None)

@@ -11,10 +11,8 @@ import base64
 import hashlib
 import json
 import threading
-import time
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from firstfault.connectors import metrics_names as M
 from firstfault.rules.extract import Extractor
@@ -24,6 +22,7 @@ from firstfault.streams import kafka
 from firstfault.streams.codecs import decode_batch
 from firstfault.streams.config import StreamConfig
 from firstfault.streams.extractor import ExtractorCore, ExtractorWorker
+from stream_pipeline import drain as _drain
 
 pytest_plugins = ["conftest_kafka"]
 
@@ -102,16 +101,7 @@ def test_a_dead_letter_of_a_huge_record_carries_its_head_size_and_hash():
 
 # ---------------------------------------------------------------- the extractor on the real broker
 
-def _drain(cfg, topic, want, timeout=30.0):
-    c = kafka.consumer(cfg, group=f"{cfg.prefix}reader-{time.monotonic_ns()}")
-    c.assign([TopicPartition(topic, p, 0) for p in range(cfg.partitions)])
-    got, deadline = [], time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and not want(got):
-            got.extend(m for m in c.consume(num_messages=500, timeout=0.5) if m.error() is None)
-    finally:
-        c.close()
-    return got
+
 
 
 def test_the_extractor_survives_the_four_poison_records_and_extracts_what_follows(stream_cfg):
