@@ -2,12 +2,13 @@
 """How often firstfault names the right cause: on the real corpus, the samples and generated bundles.
 
     python bench/accuracy.py [--set corpus|samples|generated|all] [--json] [--only PREFIX]
-                             [--min-accuracy X] [--max-confident-wrong Y] [--wrap]
+                             [--min-accuracy X] [--max-confident-wrong Y] [--min-recovery Z] [--wrap]
 
 A case is right when the diagnosis' ``sub_domain`` equals the expected one (for a
 status other than attributed that is ``unattributed``, ``ambiguous`` or ``none``).
 Confident-wrong: an ``attributed`` diagnosis whose sub_domain is not the expected one
-(the harm of draining a healthy node). Prints per-sub_domain accuracy, the
+(the harm of draining a healthy node). Recovery: the share of cases whose ``recovery.action``
+equals the labelled ``recovery_action`` (corpus/label_recovery.py, the samples' expected.json). Prints per-sub_domain accuracy, the
 unattributed rate, the confusion list and, with the floors given, exits 1 below them.
 
 ``--wrap`` measures the way the engine was tried before it read bare inputs: each
@@ -48,7 +49,8 @@ def sample_cases() -> list[dict]:
         want = json.loads(exp.read_text())
         out.append({"id": f"sample:{exp.parent.name}", "_input": exp.parent, "_set": "samples",
                     "expected": {"status": want["status"], "domain": want["domain"], "sub_domain": want["sub_domain"],
-                                 "responsible_nodes": want.get("responsible_nodes", [])}})
+                                 "responsible_nodes": want.get("responsible_nodes", []),
+                                 "recovery_action": want["recovery_action"]}})
     return out
 
 
@@ -62,7 +64,8 @@ def generated_cases(tmp: Path) -> list[dict]:
         want = json.loads((dest / "expected.json").read_text())
         out.append({"id": f"generated:{nodes}n-seed{seed}", "_input": dest, "_set": "generated",
                     "expected": {"status": want["status"], "domain": want["domain"], "sub_domain": want["sub_domain"],
-                                 "responsible_nodes": want.get("responsible_nodes", [])}})
+                                 "responsible_nodes": want.get("responsible_nodes", []),
+                                 "recovery_action": want["recovery_action"]}})
     return out
 
 
@@ -112,7 +115,8 @@ def run(cases: list[dict], tmp: Path, use_wrap: bool, progress: bool) -> list[di
             d = (analyze_bundle(intake.bundle, catalog, intake=intake) if hasattr(intake, "warnings")
                  else analyze_bundle(intake.bundle, catalog)).diagnosis
             got = {"status": d.status, "domain": d.domain, "sub_domain": d.sub_domain,
-                   "responsible_nodes": d.responsible_nodes, "suspect_nodes": d.suspect_nodes}
+                   "responsible_nodes": d.responsible_nodes, "suspect_nodes": d.suspect_nodes,
+                   "recovery_action": d.recovery.action}
         except BundleError as exc:
             got = {"status": "error", "sub_domain": "error", "error": str(exc)}
         except Exception as exc:                       # a crash is a result to report, not the end of the run
@@ -123,7 +127,9 @@ def run(cases: list[dict], tmp: Path, use_wrap: bool, progress: bool) -> list[di
         node_right = None
         if right and exp["status"] == "attributed" and want_nodes:
             node_right = sorted(got.get("responsible_nodes", [])) == sorted(want_nodes)
+        recovery_right = (got.get("recovery_action") == exp["recovery_action"]) if "recovery_action" in exp else None
         results.append({"id": case["id"], "set": case["_set"], "expected": exp, "got": got, "right": right,
+                        "recovery_right": recovery_right,
                         "confident_wrong": confident_wrong, "node_right": node_right,
                         "cascade": bool(case.get("cascade")), "shape": case.get("shape", "bundle")})
         if progress and sys.stderr.isatty():
@@ -143,6 +149,7 @@ def summarize(results: list[dict]) -> dict:
             per[r["expected"]["sub_domain"]][1] += 1
             per[r["expected"]["sub_domain"]][0] += r["right"]
         nodes = [r["node_right"] for r in rs if r["node_right"] is not None]
+        recov = [r["recovery_right"] for r in rs if r["recovery_right"] is not None]
         return {
             "cases": n,
             "accuracy": round(sum(r["right"] for r in rs) / n, 4),
@@ -150,6 +157,7 @@ def summarize(results: list[dict]) -> dict:
             "unattributed_rate": round(sum(r["got"].get("status") == "unattributed" for r in rs) / n, 4),
             "crashes": sum(r["got"].get("status") in ("crash", "error") for r in rs),
             "responsible_node_accuracy": round(sum(nodes) / len(nodes), 4) if nodes else None,
+            "recovery_accuracy": round(sum(recov) / len(recov), 4) if recov else None,
             "per_sub_domain": {k: {"right": v[0], "cases": v[1], "accuracy": round(v[0] / v[1], 4)}
                                for k, v in sorted(per.items())},
             "by_shape": {s: round(sum(r["right"] for r in rs if r["shape"] == s) / c, 4)
@@ -174,6 +182,8 @@ def print_human(summary: dict) -> None:
         print(f"   crashes / errors     {b['crashes']}")
         if b["responsible_node_accuracy"] is not None:
             print(f"   responsible node     {b['responsible_node_accuracy']:.3f} (where the lines name it)")
+        if b["recovery_accuracy"] is not None:
+            print(f"   recovery action      {b['recovery_accuracy']:.3f} (the labelled recovery_action)")
         print(f"   cascades             {b['cascades']['accuracy']:.3f} of {b['cascades']['cases']}")
         print("   by shape             " + ", ".join(f"{k} {v:.3f}" for k, v in b["by_shape"].items()))
         print("   per sub_domain:")
@@ -193,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wrap", action="store_true", help="measure as before bare inputs were read (see above)")
     ap.add_argument("--min-accuracy", type=float, help="corpus floor: exit 1 below it")
     ap.add_argument("--max-confident-wrong", type=float, help="corpus ceiling: exit 1 above it")
+    ap.add_argument("--min-recovery", type=float, help="corpus floor on the recovery action: exit 1 below it")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ff-accuracy-") as tmpdir:
         tmp = Path(tmpdir)
@@ -216,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         failed.append(f"corpus accuracy {corpus['accuracy']:.3f} < floor {args.min_accuracy}")
     if args.max_confident_wrong is not None and corpus.get("cases") and corpus["confident_wrong"] > args.max_confident_wrong:
         failed.append(f"corpus confident-wrong {corpus['confident_wrong']:.3f} > ceiling {args.max_confident_wrong}")
+    if args.min_recovery is not None and corpus.get("cases") and (corpus["recovery_accuracy"] or 0) < args.min_recovery:
+        failed.append(f"corpus recovery-action accuracy {corpus['recovery_accuracy']:.3f} < floor {args.min_recovery}")
     if any(b.get("crashes") for b in summary.values()):
         failed.append("a case crashed or was refused")
     for msg in failed:

@@ -437,7 +437,8 @@ class Gen:
             "time_limit_s": 86400,
         }
         expected = {"status": "attributed", "terminal_state": "failed", "domain": "gpu",
-                    "sub_domain": "gpu_fell_off_bus", "responsible_nodes": [self.culprit], "suspect_nodes": []}
+                    "sub_domain": "gpu_fell_off_bus", "responsible_nodes": [self.culprit], "suspect_nodes": [],
+                    "recovery_action": "drain_nodes"}
         for name, obj in (("workload.json", workload), ("expected.json", expected)):
             with open(os.path.join(out, name), "w", encoding="utf-8", newline="\n") as fh:
                 fh.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")

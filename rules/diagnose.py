@@ -165,6 +165,11 @@ def diagnose(workload: WorkloadRecord, events: Iterable[Ev], catalog: Catalog,
     return _assemble(ctx, trail.steps, catalog, did)
 
 
+def _first_onset(members: list[Ev]) -> str | None:
+    stamps = [t for t in (m.corrected_onset or m.stamp for m in members) if t is not None]
+    return iso_z(min(stamps)) if stamps else None
+
+
 def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Diagnosis:
     wl = ctx.workload
     status = ctx.status or "unattributed"
@@ -192,7 +197,7 @@ def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Dia
                 domain=c["domain"] or "unknown", sub_domain=c["sub_domain"],
                 nodes=sorted({m.host for m in members if m.host}) if c["domain"] != "scheduler" else [],
                 coverage=c["coverage"], evidence=_refs(members, int(ctx.settings["max_refs"])),
-                message=_message(members[0], catalog)))
+                message=_message(members[0], catalog), onset=_first_onset(members)))
     rec = ctx.recovery or {"action": "notify_owner", "nodes": []}
     symptoms = _symptoms(ctx)
     summary = write_summary(ctx, status, root, candidates, sum(s.count for s in symptoms))

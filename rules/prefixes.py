@@ -71,6 +71,9 @@ _COMPOSE = re.compile(r"(?P<svc>[a-z0-9][\w.-]*[-_]\d+)\s+\| ")
 # Ray and vLLM worker tags: "(RayTrainWorker pid=5137, ip=10.128.0.103) ", "(VllmWorker rank=0 pid=104) ",
 # "(raylet) ", "(pid=4331) ".
 _PROC_TAG = re.compile(r"\((?P<who>[A-Za-z_][\w.:-]*)?(?: ?rank=(?P<rank>\d{1,7}))?(?:,? ?pid=(?P<pid>\d{1,10}))?(?:, ip=(?P<ip>[\d.]+))?(?:, [\w=.-]+)*\)\s")
+# grep -H / grep -Hn output a user pasted: "ms-pd-llm-d-modelservice-prefill-2.log:[2025-09-17 15:16:23] ..."
+# (the file name only; the host comes from the prefixes after it, never from the name)
+_GREP_FILE = re.compile(r"(?P<file>[\w.-]{1,200}\.(?:log|out|err|txt))(?::\d{1,9})?:")
 
 
 @dataclass(frozen=True)
@@ -100,14 +103,15 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank")
-_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl")
-_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl")
+_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "grep_file")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "grep_file")
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
     "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK, "markdown": _MARKDOWN, "compose": _COMPOSE,
+    "grep_file": _GREP_FILE,
 }
 
 
@@ -130,10 +134,12 @@ def read_head(line: str, ctx: StampContext) -> Head:
     """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
     head = Head(message=line)
     text = line
-    for _ in range(12):
+    for round_ in range(12):
         stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
         m = None
         for name in _shapes(stripped):
+            if name == "grep_file" and round_:
+                continue                       # only as the first thing on the line
             m = _REGEX[name].match(stripped)
             if m is not None and _apply(name, m, head, ctx):
                 break
@@ -197,6 +203,9 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
             head.quality = "no_year" if head.stamp else "none"
     elif name == "markdown":
         pass                                   # decoration, not content
+    elif name == "grep_file":
+        if head.stamp is not None or head.host is not None or head.rank is not None:
+            return False
     elif name == "compose":
         head.host = head.host or m["svc"]
     elif name == "mpi_tag":

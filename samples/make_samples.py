@@ -2,15 +2,18 @@
 """Write firstfault's sample evidence bundles, deterministically.
 
     python samples/make_samples.py            # rewrite every sample folder
-    python samples/make_samples.py --only worked-example --out /tmp/s
+    python samples/make_samples.py --only worked-example --out "$(mktemp -d)"
 
 stdlib only. Running it twice gives byte-identical folders: every random choice
 comes from a ``random.Random`` seeded with the sample's name, and nothing reads
 the wall clock.
 
-Every log line follows a shape shown in /work/shared/reference/signatures.md
-(only host names, numbers, pids and stamps vary); routine training output and
-routine syslog daemon lines are plain noise written for these samples.
+The bundles follow docs/bundle.md (the layout and workload.json); docs/diagnosis.md
+describes what expected.json's fields mean. Every log line that matters has the shape
+the producing software prints (kernel, NVIDIA driver, NCCL, PyTorch, torchrun, Slurm;
+the rule catalog's examples in rules/catalog/ hold real lines of each), varying only
+host names, numbers, pids and stamps; routine training output and routine syslog daemon
+lines are plain noise written for these samples.
 
 Layout conventions used by every sample (see samples/README.md):
 * ``logs/app/<host>.log`` holds the output of that host's srun tasks, each line
@@ -482,9 +485,11 @@ class Job:
 
 
 def expected(status: str, terminal: str, domain: str, sub: str,
-             responsible=(), suspect=()) -> dict:
+             responsible=(), suspect=(), recovery: str = "notify_owner") -> dict:
+    """The right diagnosis' key fields; ``recovery`` is the action a recovery system should take."""
     return {"status": status, "terminal_state": terminal, "domain": domain, "sub_domain": sub,
-            "responsible_nodes": sorted(responsible), "suspect_nodes": sorted(suspect)}
+            "responsible_nodes": sorted(responsible), "suspect_nodes": sorted(suspect),
+            "recovery_action": recovery}
 
 
 # =========================================================================== samples
@@ -550,7 +555,8 @@ def worked_example(out: str) -> None:
             j.srun_exit(t, h, rk)
         t += S(r.uniform(0.1, 0.7))
     j.write(out, j.workload("FAILED", "1:0", t + S(1.2)),
-            expected("attributed", "failed", "interconnect", "nvlink_signal_integrity", [culprit]))
+            expected("attributed", "failed", "interconnect", "nvlink_signal_integrity", [culprit],
+                     recovery="drain_nodes"))
 
 
 def gpu_fell_off_bus(out: str) -> None:
@@ -621,7 +627,7 @@ def gpu_fell_off_bus(out: str) -> None:
         t += S(r.uniform(0.02, 0.2))
     # Contract section 2: an uncorrectable AER just before the Xid 79 is the root (pcie_error).
     j.write(out, j.workload("FAILED", "1:0", t + S(1.5)),
-            expected("attributed", "failed", "host", "pcie_error", [culprit]))
+            expected("attributed", "failed", "host", "pcie_error", [culprit], recovery="drain_nodes"))
 
 
 def cuda_oom_one_rank(out: str) -> None:
@@ -860,7 +866,7 @@ def clean_completion(out: str) -> None:
                     f"comm {j.comm[rank]} rank {rank} nranks {j.N} cudaDev {lr} busId {j.bus[lr]}000 "
                     "- Destroy COMPLETE")
     j.write(out, j.workload("COMPLETED", "0:0", done + S(9.0)),
-            expected("no_failure", "completed", "none", "none"))
+            expected("no_failure", "completed", "none", "none", recovery="none"))
 
 
 def hang_until_timeout(out: str) -> None:
@@ -891,7 +897,7 @@ def hang_until_timeout(out: str) -> None:
         j.srun_exit(t, h, j.ranks_of(h), "Terminated")
         t += S(r.uniform(0.05, 0.3))
     j.write(out, j.workload("TIMEOUT", "0:15", t + S(1.0)),
-            expected("attributed", "timeout", "gpu", "gpu_fell_off_bus", [culprit]))
+            expected("attributed", "timeout", "gpu", "gpu_fell_off_bus", [culprit], recovery="drain_nodes"))
 
 
 def host_oom_killer(out: str) -> None:

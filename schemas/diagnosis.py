@@ -79,6 +79,7 @@ class Candidate(BaseModel):
     coverage: float
     evidence: list[Ref]
     message: str
+    onset: str | None = Field(default=None, description="UTC stamp of the candidate's first event, when it has one")
 
 
 class MissingEvidence(BaseModel):

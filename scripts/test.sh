@@ -25,7 +25,7 @@ fi
 .venv/bin/firstfault rules lint
 .venv/bin/firstfault rules test
 # Accuracy on real incidents (corpus/real), the samples and generated bundles, with floors.
-.venv/bin/python bench/accuracy.py --min-accuracy 0.94 --max-confident-wrong 0.01
+.venv/bin/python bench/accuracy.py --min-accuracy 0.94 --max-confident-wrong 0.01 --min-recovery 0.95
 # ... and the same cases each wrapped in a minimal bundle (workload.json naming one node, logs under logs/app/)
 .venv/bin/python bench/accuracy.py --set corpus --wrap --min-accuracy 0.93 --max-confident-wrong 0.01
 .venv/bin/python -m pytest -q "$@"

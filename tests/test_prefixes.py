@@ -24,6 +24,12 @@ CTX = StampContext(zone=timezone.utc, anchor=datetime(2026, 11, 2, 10, tzinfo=ti
      "RuntimeError: DDP expects same model across all ranks, but Rank 3 has 128 params, while rank 0 has inconsistent 0 params.**",
      None, None, None),
     ("`Trainer.fit` stopped: `max_steps=400000` reached.", "`Trainer.fit` stopped: `max_steps=400000` reached.", None, None, None),
+    # grep -H output a user pasted (llm-d/llm-d#191): the file name goes, the stamp and NCCL's host stay;
+    # a "file.log:" later in a message is content
+    ("ms-pd-llm-d-modelservice-prefill-2.log:[2025-09-17 15:16:23] ms-pd-llm-d-modelservice-prefill-2:311:405 [0] transport/net_ib.cc:199 NCCL WARN NET/IB : mlx5_32:1 Got async error event: port error",
+     "transport/net_ib.cc:199 NCCL WARN NET/IB : mlx5_32:1 Got async error event: port error",
+     "2025-09-17T15:16:23.000000Z", None, "ms-pd-llm-d-modelservice-prefill-2"),
+    ("RuntimeError: see train.log: for details", "RuntimeError: see train.log: for details", None, None, None),
     # docker compose service prefix (saturncloud/dask-pytorch-ddp#17)
     ("daskcluster-worker-1     | Exception: 'AssertionError()'", "Exception: 'AssertionError()'", None, None, "daskcluster-worker-1"),
     # Talos kmsg forwarding (vllm-project/vllm#40652)

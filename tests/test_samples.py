@@ -24,6 +24,10 @@ def test_sample_gives_its_documented_result(sample):
     expected = json.loads((sample / "expected.json").read_text())
     got = analyze_path(sample).diagnosis.to_dict()
     assert {k: got[k] for k in KEYS} == {k: expected[k] for k in KEYS}
+    assert got["recovery"]["action"] == expected["recovery_action"], got["recovery"]
+    # Only node actions name nodes, and then the responsible ones.
+    want_nodes = expected["responsible_nodes"] if expected["recovery_action"] in ("drain_nodes", "retry_excluding_nodes") else []
+    assert got["recovery"]["nodes"] == want_nodes
 
 
 def test_worked_example_keeps_the_nccl_reports_as_symptoms():

@@ -96,3 +96,29 @@ def test_an_event_batch_an_older_extractor_wrote_still_decodes():
     got = decode(b"\xc3\x01" + fp + body.getvalue())
     assert got == EventBatch(workload_id="w", attempt=1, events=[], paths=["logs/app/node-01.log"], metric_hosts=[])
     assert decode(now).metric_hosts == []
+
+
+def test_a_diagnosis_written_before_candidates_had_an_onset_still_decodes():
+    """Candidate gained ``onset`` (issue 13: candidates on the page's timeline); a diagnosis
+    published with the schema before it (avro/compat/Diagnosis.2.avsc) reads with onset null."""
+    import io
+
+    import fastavro
+    from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+    from firstfault.rules.engine import analyze_path
+
+    d = analyze_path(AVRO_DIR.parent.parent / "samples" / "ambiguous-two-faults").diagnosis
+    assert d.candidates and all(c.onset for c in d.candidates)
+    old = parse_schema(json.loads((AVRO_DIR / "compat" / "Diagnosis.2.avsc").read_text()), _write_hint=False)
+    fp = int(fingerprint(to_parsing_canonical_form(old), "CRC-64-AVRO"), 16).to_bytes(8, "little")
+    blob = encode(d)
+    assert fp != blob[2:10]
+    now = parse_schema(json.loads((AVRO_DIR / "Diagnosis.avsc").read_text()), _write_hint=False)
+    record = fastavro.schemaless_reader(io.BytesIO(blob[10:]), now)
+    for c in record["candidates"]:
+        del c["onset"]
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old, record)
+    got = decode(b"\xc3\x01" + fp + body.getvalue())
+    assert got == d.model_copy(update={"candidates": [c.model_copy(update={"onset": None}) for c in d.candidates]})

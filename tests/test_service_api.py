@@ -138,14 +138,18 @@ async def test_analyze_zip_with_layout_at_the_root(make_client):
     assert r.status_code == 200 and r.text == cli_json(WORKED)
 
 
-async def test_store_true_keeps_it_once_and_the_read_routes_find_it(make_client):
+async def test_analyze_stores_by_default_once_and_the_read_routes_find_it(make_client):
     c = make_client()
-    r = await c.post("/v1/analyze?store=true", json=payload(WORKED))
+    r = await c.post("/v1/analyze?store=false", json=payload(WORKED))
+    assert r.status_code == 200 and "x-firstfault-stored" not in r.headers and "x-firstfault-page" not in r.headers
+    assert (await c.get("/v1/diagnoses/slurm-4471823")).status_code == 404
+    r = await c.post("/v1/analyze", json=payload(WORKED))
     assert r.status_code == 200 and r.headers["x-firstfault-stored"] == "true"
+    assert r.headers["x-firstfault-page"] == "/ui/diagnoses/slurm-4471823?attempt=0"
+    assert r.text == cli_json(WORKED)                             # the body is still exactly the diagnosis
     r = await c.post("/v1/analyze?store=true", json=payload(WORKED))
     assert r.headers["x-firstfault-stored"] == "false"          # idempotent
-    r = await c.post("/v1/analyze", json=payload(WORKED))
-    assert "x-firstfault-stored" not in r.headers
+    assert (await c.get(r.headers["x-firstfault-page"])).status_code == 200
 
     got = (await c.get("/v1/diagnoses/slurm-4471823")).json()
     assert got["attempt"] == 0 and got["attempts"] == [0] and got["revisions"] == []
@@ -471,9 +475,12 @@ async def test_bad_json_is_400_and_bad_media_type_415(make_client):
     c = make_client()
     r = await c.post("/v1/analyze", content=b'{"workload": ', headers={"content-type": "application/json"})
     assert r.status_code == 400 and error_of(r)["code"] == "invalid_json"
-    for ctype in ("text/plain", "multipart/form-data; boundary=x"):
+    for ctype in ("text/plain", "application/x-www-form-urlencoded"):
         r = await c.post("/v1/analyze", content=b"hello", headers={"content-type": ctype})
         assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
+    # The upload form's type, with no file in it: the reason, not a crash
+    r = await c.post("/v1/analyze", content=b"hello", headers={"content-type": "multipart/form-data; boundary=x"})
+    assert r.status_code == 422 and error_of(r)["code"] == "invalid_upload"
     r = await c.post("/v1/analyze", content=b"hello")
     assert r.status_code == 415
 
@@ -552,7 +559,7 @@ async def test_openapi_documents_every_response_with_the_error_model(make_client
     schemas = doc["components"]["schemas"]
     assert set(schemas["ErrorDetail"]["required"]) == {"code", "message", "limit"}
     body = doc["paths"]["/v1/analyze"]["post"]["requestBody"]["content"]
-    assert set(body) == {"application/json", "application/gzip", "application/zip"}
+    assert set(body) == {"application/json", "application/gzip", "application/zip", "multipart/form-data"}
     assert body["application/json"]["schema"]["$ref"] == "#/components/schemas/AnalyzeRequest"
     assert "WorkloadRecord" in schemas
     analyze = doc["paths"]["/v1/analyze"]["post"]["responses"]
@@ -573,3 +580,56 @@ async def test_openapi_documents_every_response_with_the_error_model(make_client
             if path.startswith("/v1/"):
                 assert op.get("security"), (path, method)       # declared when tokens are configured
     assert "HTTPValidationError" not in schemas
+
+
+# ---------------------------------------------------------------- log references in context, uploads
+
+async def test_every_reference_of_a_posted_diagnosis_opens_with_its_context(make_client):
+    """Issue 13: each log reference links to its line with 20 lines either side, kept at analyze time."""
+    c = make_client()
+    d = Diagnosis.model_validate_json((await c.post("/v1/analyze", json=payload(WORKED))).text)
+    root = d.root_cause.ref
+    got = (await c.get("/v1/lines/slurm-4471823", params={"path": root.path, "line": root.line})).json()
+    assert got["source"] == "bundle"
+    text = (WORKED / root.path).read_text().split("\n")
+    want = [{"line": n, "text": text[n - 1]} for n in range(max(1, root.line - 20), min(len(text), root.line + 20) + 1)
+            if n <= len(text) and (n < len(text) or text[n - 1])]
+    assert got["lines"] == want and any(ln["line"] == root.line and ln["text"] == d.root_cause.text for ln in got["lines"])
+    for s in d.symptoms:                        # every shown reference was kept
+        ctx = (await c.get("/v1/lines/slurm-4471823", params={"path": s.sample.path, "line": s.sample.line})).json()
+        assert ctx["source"] == "bundle" and any(ln["line"] == s.sample.line for ln in ctx["lines"])
+    page = await c.get("/ui/lines/slurm-4471823", params={"path": root.path, "line": root.line, "attempt": 0})
+    assert page.status_code == 200 and f'id="L{root.line}" class="hit"' in page.text
+    r = await c.get("/v1/lines/no-such-job", params={"path": root.path, "line": 1})
+    assert r.status_code == 404
+
+
+async def test_a_diagnosis_stored_without_its_bundle_says_the_context_was_not_kept(make_client):
+    c = make_client()
+    store = c.app.state.ctx.store
+    from firstfault.rules.engine import analyze_path
+    d = analyze_path(WORKED).diagnosis
+    store.save(d)                               # as the stream's sink stores it: no lines
+    got = (await c.get("/v1/lines/slurm-4471823", params={"path": d.root_cause.ref.path,
+                                                            "line": d.root_cause.ref.line})).json()
+    assert got["source"] == "diagnosis" and got["lines"] == [{"line": d.root_cause.ref.line, "text": d.root_cause.text}]
+    assert "not kept" in got["note"]
+    other = (await c.get("/v1/lines/slurm-4471823", params={"path": "logs/app/node-01.log", "line": 3})).json()
+    assert other["source"] == "none" and other["lines"] == []
+
+
+async def test_the_upload_form_diagnoses_an_archive_or_a_log_file_and_redirects_to_the_page(make_client):
+    c = make_client()
+    r = await c.post("/v1/analyze", files={"bundle": ("worked.zip", zip_of(WORKED), "application/zip")})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/diagnoses/slurm-4471823?attempt=0"
+    assert (await c.get("/v1/diagnoses/slurm-4471823")).json()["diagnosis"]["sub_domain"] == "nvlink_signal_integrity"
+    # One log file, as `firstfault analyze FILE` reads it (marbl/canu#1052: a time-limit banner)
+    log = b"step 100 loss 2.1\nslurmstepd: error: *** JOB 3884617 ON node023 CANCELLED AT 2018-08-19T16:30:21 DUE TO TIME LIMIT ***\n"
+    r = await c.post("/v1/analyze", files={"bundle": ("slurm-3884617.out", log, "text/plain")})
+    assert r.status_code == 303
+    page = await c.get(r.headers["location"])
+    assert page.status_code == 200 and "walltime_exceeded" in page.text
+    r = await c.post("/v1/analyze", files={"bundle": ("empty.log", b"", "text/plain")})
+    assert r.status_code == 422 and "empty" in error_of(r)["message"]
+    r = await c.post("/v1/analyze", data={"note": "no file"}, files={"other": ("", b"", "text/plain")})
+    assert r.status_code == 422

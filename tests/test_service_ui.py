@@ -7,6 +7,7 @@ first screen (1280x900), which the page's script measures and records.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -25,9 +26,15 @@ from firstfault.rules.engine import analyze_path
 
 from conftest import SAMPLES
 
+PLACEHOLDER = re.compile(r"(?<![\w?])\?(?![\w?])")      # a lone "?", as a template prints an unknown field
+
 CHROMIUM = Path("/usr/bin/chromium")
 REDIS_URL = "redis://127.0.0.1:6379/0"
 WIDTH, HEIGHT = 1280, 900
+
+# One sample per status: the pages a person reads for each (issue 13).
+PAGES = {"worked-example": "slurm-4471823", "ambiguous-two-faults": None, "unattributed-straggler": None,
+         "clean-completion": None}
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is not installed "
                                 "(apt-get install -y chromium)")
@@ -43,8 +50,9 @@ def free_port() -> int:
 def server():
     """`firstfault serve` (through serve_main, as the CLI runs it) with the worked example stored."""
     prefix = f"fftest:{uuid.uuid4().hex}:"
-    d = analyze_path(SAMPLES / "worked-example").diagnosis
-    DiagnosisStore(REDIS_URL, prefix=prefix).save(d)
+    store = DiagnosisStore(REDIS_URL, prefix=prefix)
+    for name in PAGES:
+        store.save(analyze_path(SAMPLES / name).diagnosis)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
     env["FIRSTFAULT_REDIS_PREFIX"] = prefix
@@ -151,3 +159,99 @@ def test_serve_says_it_is_unauthenticated_on_loopback(server):
     proc.wait(timeout=15)
     banner = proc.stderr.read()
     assert "UNAUTHENTICATED" in banner and "loopback only" in banner and "127.0.0.1" in banner
+
+
+def page_dom(base: str, sample: str, tmp_path: Path) -> tuple["Elements", str]:
+    wid = analyze_path(SAMPLES / sample).diagnosis.workload_id
+    run = chromium(f"{base}/ui/diagnoses/{wid}", tmp_path, "--dump-dom")
+    assert run.returncode == 0, run.stderr[-2000:]
+    dom = Elements()
+    dom.feed(run.stdout)
+    assert dom.root_attrs.get("data-ui-ready") == "true", "the page script did not run"
+    return dom, run.stdout
+
+
+def first_screen_text(dom: "Elements") -> str:
+    return " ".join(dom.by_id[i]["text"] for i in ("root-cause", "root-cause-message", "diagnosis-summary")
+                    if i in dom.by_id)
+
+
+def test_ambiguous_page_puts_both_candidates_on_the_timeline_with_their_nodes(server, tmp_path):
+    dom, html = page_dom(server[0], "ambiguous-two-faults", tmp_path)
+    assert "ambiguous" in dom.by_id["status"]["text"]
+    marks = {k: v for k, v in dom.by_id.items() if k.startswith("mark-ev-cand-")}
+    assert len(marks) == 2, sorted(dom.by_id)
+    # Each candidate's mark sits in its own node's lane, and its row in the table names the node.
+    for i, (sub, node) in enumerate((("ib_link_error", "node-06"), ("gpu_memory_ecc", "node-03"))):
+        row = dom.by_id[f"ev-cand-{i}"]["text"]
+        assert "CANDIDATE" in row and sub in row and node in row, row
+        assert sub in marks[f"mark-ev-cand-{i}"]["text"]
+    lanes = re.findall(r'<div class="lane-host"[^>]*>([^<]+)</div>\s*<div class="lane-track">(.*?)</div>\s*</div>',
+                       html, re.S)
+    by_host = {host.strip(): track for host, track in lanes}
+    assert 'id="mark-ev-cand-0"' in by_host["node-06"] and 'id="mark-ev-cand-1"' in by_host["node-03"]
+    nodes = dom.by_id["responsible-nodes"]["text"]
+    assert "node-06" in nodes and "node-03" in nodes            # not a bare "none"
+    assert not PLACEHOLDER.search(first_screen_text(dom))
+
+
+def test_unattributed_page_leads_with_the_straggler_and_why(server, tmp_path):
+    dom, _ = page_dom(server[0], "unattributed-straggler", tmp_path)
+    assert dom.by_id["root-cause"]["attrs"].get("data-first-screen") == "true"
+    title, sentence = dom.by_id["root-cause"]["text"], dom.by_id["root-cause-message"]["text"]
+    assert "node-02" in title
+    # The reason comes before what to collect: rank 13 never reached the collective the others waited on.
+    assert "rank 13" in sentence and "8812" in sentence, sentence
+    assert sentence.index("rank 13") < sentence.index("collect")
+    assert "node-02" in dom.by_id["suspect-nodes"]["text"]
+    assert not PLACEHOLDER.search(first_screen_text(dom))
+
+
+def test_no_failure_page_says_it_completed_and_acts_on_nothing(server, tmp_path):
+    dom, _ = page_dom(server[0], "clean-completion", tmp_path)
+    assert "no failure" in dom.by_id["status"]["text"]
+    assert "completed" in first_screen_text(dom).lower()
+    assert dom.by_id["recovery"]["text"].strip().startswith("none")
+    assert "none" in dom.by_id["responsible-nodes"]["text"]
+    assert not PLACEHOLDER.search(first_screen_text(dom))
+
+
+def test_every_log_reference_on_the_page_is_a_link_to_its_context(server, tmp_path):
+    base, _ = server
+    _, html = page_dom(base, "worked-example", tmp_path)
+    codes = re.findall(r"<code[^>]*>(logs/[^<]+:\d+)</code>", html)
+    linked = re.findall(r'<a href="/ui/lines/[^"]+"[^>]*><code[^>]*>(logs/[^<]+:\d+)</code></a>', html)
+    assert codes and sorted(codes) == sorted(linked)
+    href = re.search(r'<a class="ref" href="([^"]+)"', html)[1].replace("&amp;", "&")
+    r = httpx.get(base + href)
+    # Stored by the stream's way (no bundle): the page says so and still shows the root line.
+    assert r.status_code == 200 and "not kept" in r.text and 'class="hit"' in r.text
+
+
+def test_the_index_upload_form_diagnoses_a_bundle_and_opens_its_page(server, tmp_path):
+    """Issue 11: the index page takes a bundle upload (a plain form posting to /v1/analyze)."""
+    from cdp import Browser
+    from archives import tar_with
+
+    base, _ = server
+    bundle = tmp_path / "host-oom-killer.tar.gz"
+    root = SAMPLES / "host-oom-killer"
+    bundle.write_bytes(tar_with({p.relative_to(root).as_posix(): p.read_bytes()
+                                 for p in sorted(root.rglob("*")) if p.is_file() and p.name != "expected.json"}))
+    browser = Browser(CHROMIUM, tmp_path / "cdp-profile")
+    try:
+        browser.open(f"{base}/ui/")
+        browser.wait_for("document.documentElement.getAttribute('data-ui-ready') === 'true'")
+        browser.set_file("#upload input[type=file]", bundle)
+        browser.eval("document.getElementById('upload').requestSubmit()")
+        wid = analyze_path(SAMPLES / "host-oom-killer").diagnosis.workload_id
+        browser.wait_for(f"location.pathname === '/ui/diagnoses/{wid}' && "
+                         "document.documentElement.getAttribute('data-ui-ready') === 'true'")
+        assert browser.eval("document.getElementById('root-sub-domain').textContent") == "host_oom"
+        # Stored with its lines: the root line's link opens its context from the bundle.
+        browser.eval("document.querySelector('#root-line a.ref').click()")
+        browser.wait_for("location.pathname.startsWith('/ui/lines/') && !!document.querySelector('#lines .hit')")
+        assert browser.eval("document.getElementById('lines-note')") is None
+        assert browser.eval("document.querySelectorAll('#lines > span').length") > 1
+    finally:
+        browser.close()

@@ -6,13 +6,19 @@ Runs in an engine thread: JSON parsing and decompression are CPU work too.
 """
 from __future__ import annotations
 
+import tempfile
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from email.parser import BytesParser
+from email.policy import HTTP
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from firstfault.rules.bundle import Bundle, bundle_from_files, open_archive, parse_workload
 from firstfault.rules.errors import BundleError
+from firstfault.rules.intake import Intake, open_input
 from firstfault.rules.jsonsafe import JsonLimitError, load_json
 from firstfault.schemas import WorkloadRecord
 
@@ -21,6 +27,7 @@ from .limits import check_file_count, check_lines, classify_archive_error
 from .settings import ServiceSettings
 
 JSON = "application/json"
+MULTIPART = "multipart/form-data"           # the pages' upload form
 ARCHIVE_TYPES = {
     "application/gzip": "tar", "application/x-gzip": "tar",     # a .tar.gz bundle
     "application/zip": "zip", "application/x-zip-compressed": "zip",
@@ -126,10 +133,10 @@ def from_archive(body: bytes, kind: str, settings: ServiceSettings, deadline: fl
 def check_media_type(content_type: str | None) -> str:
     """The body's media type, or 415 before any of the body is read."""
     mt = media_type(content_type)
-    if mt != JSON and mt not in ARCHIVE_TYPES:
+    if mt != JSON and mt != MULTIPART and mt not in ARCHIVE_TYPES:
         raise ApiError(415, "unsupported_media_type",
                        f"Content-Type {mt or '(none)'!r} is not one of application/json, application/gzip "
-                       "(a .tar.gz bundle), application/zip")
+                       "(a .tar.gz bundle), application/zip, multipart/form-data (a file upload)")
     return mt
 
 
@@ -139,3 +146,57 @@ def bundle_from_body(body: bytes, content_type: str | None, settings: ServiceSet
     if mt == JSON:
         return from_json(body, settings, deadline)
     return from_archive(body, ARCHIVE_TYPES[mt], settings, deadline)
+
+
+@dataclass
+class Evidence:
+    bundle: Bundle
+    intake: Intake | None = None        # set for a bare log file: what was inferred to build the bundle
+    tmp: tempfile.TemporaryDirectory | None = None      # holds the uploaded file until the analysis is done
+
+    def close(self) -> None:
+        if self.tmp is not None:
+            self.tmp.cleanup()
+
+
+def upload_part(body: bytes, content_type: str) -> tuple[str, bytes]:
+    """The uploaded file of a multipart/form-data body: (its base name, its bytes)."""
+    head = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
+    msg = BytesParser(policy=HTTP).parsebytes(head + body)
+    if not msg.is_multipart():
+        raise ApiError(422, "invalid_upload", "the form body is not multipart/form-data with a boundary")
+    for part in msg.iter_parts():
+        if part.get_filename() is not None:
+            data = part.get_payload(decode=True) or b""
+            name = PurePosixPath(part.get_filename().replace("\\", "/")).name or "upload.log"
+            if not data:
+                raise ApiError(422, "invalid_upload", f"the uploaded file {name!r} is empty")
+            return name, data
+    raise ApiError(422, "invalid_upload", "the form holds no file: choose a bundle or a log file")
+
+
+def evidence_from_upload(body: bytes, content_type: str, settings: ServiceSettings,
+                         deadline: float | None = None) -> Evidence:
+    """A file from the upload form: a bundle archive, the JSON form, or one log file as
+    `firstfault analyze FILE` reads it (kind sniffed, nodes and window inferred)."""
+    name, data = upload_part(body, content_type)
+    if data[:2] == b"\x1f\x8b":
+        return Evidence(from_archive(data, "tar", settings, deadline))
+    if data[:4] == b"PK\x03\x04":
+        return Evidence(from_archive(data, "zip", settings, deadline))
+    if name.endswith(".json") and data.lstrip()[:1] == b"{":
+        return Evidence(from_json(data, settings, deadline))
+    tmp = tempfile.TemporaryDirectory(prefix="ff-upload-")
+    try:
+        path = Path(tmp.name) / name
+        path.write_bytes(data)
+        intake = open_input(path)
+        check_workload_times(intake.bundle.workload)
+        check_lines(intake.bundle, settings, deadline)
+    except BundleError as exc:
+        tmp.cleanup()
+        raise ApiError(422, "invalid_bundle", str(exc)) from None
+    except BaseException:
+        tmp.cleanup()
+        raise
+    return Evidence(intake.bundle, intake, tmp)

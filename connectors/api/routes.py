@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import re
 import time
+from urllib.parse import quote
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BeforeValidator
 
 from firstfault.connectors.sinks.redis_store import InvalidCursor
@@ -16,7 +17,8 @@ from firstfault.schemas import Diagnosis
 
 from .context import ServiceContext, call_hook
 from .errors import ApiError, responses
-from .evidence import JSON, bundle_from_body, check_media_type
+from .evidence import JSON, MULTIPART, Evidence, bundle_from_body, check_media_type, evidence_from_upload, media_type
+from .excerpts import context, excerpts
 from .limits import read_body
 from .models import DiagnosisPage, DiagnosisRecord, Health, NodeDiagnosisPage, Readiness
 
@@ -44,8 +46,15 @@ ANALYZE_BODY = {
         "application/gzip": {"schema": {"type": "string", "format": "binary"},
                              "description": "a .tar.gz bundle (layout at the root or under one folder)"},
         "application/zip": {"schema": {"type": "string", "format": "binary"}, "description": "a .zip bundle"},
+        MULTIPART: {"schema": {"type": "object", "properties": {"bundle": {"type": "string", "format": "binary"}}},
+                    "description": "the pages' upload form: a bundle archive, the JSON form or one log file; "
+                                   "answered with a redirect (303) to the diagnosis page"},
     },
 }
+
+
+def page_url(d: Diagnosis) -> str:
+    return f"/ui/diagnoses/{quote(d.workload_id, safe='/')}?attempt={d.attempt}"
 
 
 def _diagnosis_response(d: Diagnosis, headers: dict[str, str] | None = None) -> Response:
@@ -56,25 +65,33 @@ def _diagnosis_response(d: Diagnosis, headers: dict[str, str] | None = None) -> 
 def build_router(ctx: ServiceContext) -> APIRouter:
     router = APIRouter()
     read = Depends(ctx.auth.dependency("read"))
-    write = Depends(ctx.auth.dependency("write"))
+    # The pages' upload form posts here with the pages' cookie (SameSite=Strict, so no other site can).
+    write = Depends(ctx.auth.dependency("write", allow_cookie=True))
     settings = ctx.settings
 
     @router.post(
         "/v1/analyze", tags=["analyze"], dependencies=[write], response_class=JSONResponse,
         summary="Diagnose one workload attempt's evidence",
         description="The body is the JSON form or a bundle archive. Returns the diagnosis exactly as "
-                    "`firstfault analyze --json` prints it. `store=true` keeps it in the diagnoses store; "
-                    "`publish=true` sends it to the diagnoses topic (409 when no publisher is configured).",
+                    "`firstfault analyze --json` prints it, and keeps it in the diagnoses store (with the "
+                    "lines around each log reference) unless `store=false`; the `X-Firstfault-Page` header "
+                    "gives its page. `publish=true` sends it to the diagnoses topic (409 when no publisher "
+                    "is configured). A form upload (multipart/form-data) is answered with a redirect to the page.",
         openapi_extra={"requestBody": ANALYZE_BODY},
         responses={200: {"model": Diagnosis, "description": "the diagnosis",
-                         "headers": {"X-Firstfault-Stored": {"description": "with store=true: `true` if saved, "
-                                                             "`false` if this exact diagnosis was already stored",
+                         "headers": {"X-Firstfault-Stored": {"description": "`true` if saved, `false` if this exact "
+                                                             "diagnosis was already stored (absent with store=false)",
                                                              "schema": {"type": "string"}},
+                                     "X-Firstfault-Page": {"description": "the stored diagnosis' page",
+                                                           "schema": {"type": "string"}},
                                      "X-Firstfault-Published": {"description": "with publish=true: `true`",
                                                                 "schema": {"type": "string"}}}},
+                   303: {"description": "a form upload (multipart/form-data) was diagnosed and stored: "
+                                        "its page is in Location",
+                         "headers": {"Location": {"description": "the diagnosis page", "schema": {"type": "string"}}}},
                    **responses(400, 401, 403, 409, 413, 415, 422, 503, 504)})
     async def analyze(request: Request,
-                      store: Annotated[bool, Query(description="keep the diagnosis in the diagnoses store")] = False,
+                      store: Annotated[bool, Query(description="keep the diagnosis in the diagnoses store")] = True,
                       publish: Annotated[bool, Query(description="send it to the diagnoses topic")] = False
                       ) -> Response:
         try:
@@ -90,24 +107,42 @@ def build_router(ctx: ServiceContext) -> APIRouter:
                            "publishing is not configured on this service (no diagnoses topic producer)")
         content_type = request.headers.get("content-type")
         check_media_type(content_type)
+        upload = media_type(content_type) == MULTIPART
         body = await read_body(request, settings)
         deadline = ctx.runner.deadline()
 
-        def work() -> tuple[Diagnosis, datetime | None]:
+        def work() -> tuple[Diagnosis, datetime | None, dict[str, dict[str, str]] | None]:
             # Every step honours the deadline, so a request past its cap frees its thread.
             start = time.perf_counter()
+            ev: Evidence | None = None
             try:
-                bundle = bundle_from_body(body, content_type, settings, deadline)
-                return analyze_bundle(bundle, ctx.catalog, deadline=deadline).diagnosis, bundle.workload.end_time
+                ev = (evidence_from_upload(body, content_type or "", settings, deadline) if upload
+                      else Evidence(bundle_from_body(body, content_type, settings, deadline)))
+                d = analyze_bundle(ev.bundle, ctx.catalog, intake=ev.intake, deadline=deadline).diagnosis
+                # The lines around each reference, while the bundle is at hand (it is not kept).
+                lines = excerpts(ev.bundle, d) if store or upload else None
+                return d, ev.bundle.workload.end_time, lines
             finally:
+                if ev is not None:
+                    ev.close()
                 ctx.metrics.engine_seconds.observe(time.perf_counter() - start)
 
-        diagnosis, ended_at = await ctx.runner.run(work, deadline)
+        diagnosis, ended_at, lines = await ctx.runner.run(work, deadline)
         ctx.metrics.diagnoses.labels(diagnosis.status, diagnosis.domain).inc()
         headers: dict[str, str] = {}
-        if store:
-            saved = await ctx.in_thread(ctx.store.save, diagnosis, ended_at)
+        if store or upload:
+            def keep() -> bool:
+                saved = ctx.store.save(diagnosis, ended_at)
+                if lines is not None:
+                    ctx.store.save_lines(diagnosis.diagnosis_id, lines)
+                return saved
+            saved = await ctx.in_thread(keep)
+            page = page_url(diagnosis)
             headers["X-Firstfault-Stored"] = "true" if saved else "false"
+            headers["X-Firstfault-Page"] = page
+            headers["Link"] = f'<{page}>; rel="alternate"; type="text/html"'
+            if upload:
+                return RedirectResponse(page, status_code=303, headers=headers)
         if publish:
             assert ctx.publisher is not None
             try:
@@ -137,6 +172,15 @@ def build_router(ctx: ServiceContext) -> APIRouter:
             which = f" attempt {attempt}" if attempt is not None else ""
             raise ApiError(404, "not_found", f"no diagnosis stored for workload {workload_id!r}{which}")
         return JSONResponse(found)
+
+    @router.get("/v1/lines/{workload_id:path}", tags=["diagnoses"], dependencies=[read],
+                summary="A log reference of a stored diagnosis with 20 lines either side",
+                responses=responses(401, 403, 404, 422, 503))
+    async def lines(workload_id: WorkloadId,
+                    path: Annotated[str, Query(min_length=1, max_length=1024, description="the reference's path")],
+                    line: Annotated[int, Query(ge=1, le=2**31, description="the reference's line number")],
+                    attempt: Annotated[int | None, Query(ge=0)] = None) -> Response:
+        return JSONResponse(await load_context(ctx, workload_id, attempt, path, line))
 
     @router.get("/v1/diagnoses", tags=["diagnoses"], dependencies=[read], response_model=DiagnosisPage,
                 summary="Recent diagnoses, newest first, filtered and paginated",
@@ -197,3 +241,16 @@ def build_router(ctx: ServiceContext) -> APIRouter:
 
 def _blamed(d: Diagnosis, host: str) -> bool:
     return host in d.responsible_nodes or (d.root_cause is not None and d.root_cause.host == host)
+
+
+async def load_context(ctx: ServiceContext, workload_id: str, attempt: int | None, path: str, line: int) -> dict:
+    """The stored diagnosis' kept lines around ``path:line`` (404 when no such diagnosis)."""
+    def load() -> dict | None:
+        d = ctx.store.latest(workload_id, attempt)
+        return None if d is None else context(d, ctx.store.lines(d.diagnosis_id), path, line)
+
+    found = await ctx.in_thread(load)
+    if found is None:
+        which = f" attempt {attempt}" if attempt is not None else ""
+        raise ApiError(404, "not_found", f"no diagnosis stored for workload {workload_id!r}{which}")
+    return found

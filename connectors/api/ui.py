@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path as FsPath
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -24,7 +24,8 @@ from .auth import UI_COOKIE
 from .context import ServiceContext
 from .errors import ApiError
 from .limits import MAX_FORM_BYTES, read_body
-from .ui_view import diagnosis_view, headline
+from .routes import load_context
+from .ui_view import diagnosis_view, failed_at, headline
 
 HERE = FsPath(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -116,7 +117,7 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
             next_url = "/ui/?" + urlencode({**{k: v for k, v in form.items() if v}, "cursor": next_cursor})
         return _page(request, "index.html", {
             "items": items, "form": form, "statuses": STATUSES, "notes": notes, "next_url": next_url,
-            "headline": headline})
+            "headline": headline, "failed_at": failed_at})
 
     @router.get("/diagnoses/{workload_id:path}", dependencies=[read], response_class=HTMLResponse,
                 summary="One diagnosis, readable at a glance (HTML)",
@@ -135,6 +136,17 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
             raise ApiError(404, "not_found", f"no diagnosis stored for workload {workload_id!r}{which}")
         return _page(request, "diagnosis.html", {
             **diagnosis_view(d), "revisions": revisions, "attempts": attempts})
+
+    @router.get("/lines/{workload_id:path}", dependencies=[read], response_class=HTMLResponse,
+                summary="A log reference with 20 lines either side (HTML)",
+                responses=_html_responses(401, 403, 404, 422, 503))
+    async def lines(request: Request, workload_id: Annotated[str, Path(min_length=1, max_length=256)],
+                    path: Annotated[str, Query(min_length=1, max_length=1024)],
+                    line: Annotated[int, Query(ge=1, le=2**31)],
+                    attempt: Annotated[int | None, Query(ge=0)] = None) -> Response:
+        found = await load_context(ctx, workload_id, attempt, path, line)
+        back = f"/ui/diagnoses/{quote(workload_id, safe='/')}?attempt={found['attempt']}"
+        return _page(request, "lines.html", {**found, "back": back})
 
     @router.get("/login", response_class=HTMLResponse, summary="Token form for the pages (HTML)",
                 responses=_html_responses(422))

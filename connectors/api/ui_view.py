@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from firstfault.schemas import Diagnosis, Ref
 
@@ -27,6 +28,14 @@ def _parse_stamp(s: str | None) -> datetime | None:
 
 def ref_text(r: Ref) -> str:
     return f"{r.path}:{r.line}"
+
+
+def ref_url(d: Diagnosis, r: Ref | None) -> str:
+    """The page showing a reference's line with 20 lines either side."""
+    if r is None:
+        return ""
+    return (f"/ui/lines/{quote(d.workload_id, safe='/')}?"
+            + urlencode({"attempt": d.attempt, "path": r.path, "line": r.line}))
 
 
 def _delta(t: datetime | None, origin: datetime | None) -> str:
@@ -79,6 +88,8 @@ class Row:
     is_root: bool
     explained: bool
     anchor: str
+    is_candidate: bool = False
+    href: str = ""
 
 
 def _roles(d: Diagnosis) -> dict[str, str]:
@@ -101,10 +112,16 @@ def _roles(d: Diagnosis) -> dict[str, str]:
 
 def _rows(d: Diagnosis, root_t: datetime | None, spans: list[Span]) -> list[Row]:
     rows: list[Row] = []
+    for i, c in enumerate(d.candidates):
+        t = _parse_stamp(c.onset)
+        detail = f"{c.message}; covers {round(100 * c.coverage)}% of the symptom lines"
+        rows.append(Row(t, "", list(c.nodes), f"{c.domain} / {c.sub_domain}", len(c.evidence), detail,
+                        ref_text(c.evidence[0]) if c.evidence else "", False, True, f"ev-cand-{i}", True,
+                        ref_url(d, c.evidence[0] if c.evidence else None)))
     if d.root_cause is not None:
         rc = d.root_cause
         rows.append(Row(root_t, _delta(root_t, root_t), [rc.host] if rc.host else [], rc.kind, 1, rc.message,
-                        ref_text(rc.ref), True, True, "ev-root"))
+                        ref_text(rc.ref), True, True, "ev-root", href=ref_url(d, rc.ref)))
     for i, (s, first, last) in enumerate(spans):
         detail = f"{len(s.hosts)} host{'s' if len(s.hosts) != 1 else ''}"
         if s.ranks:
@@ -117,7 +134,7 @@ def _rows(d: Diagnosis, root_t: datetime | None, spans: list[Span]) -> list[Row]
             detail += ", time is a lower bound (the stamped line above)" if first else ", no time of its own"
             delta = "≥ " + delta if first else delta
         rows.append(Row(first, delta, s.hosts, s.kind, s.count, detail, ref_text(s.sample),
-                        False, s.explained, f"ev-sym-{i}"))
+                        False, s.explained, f"ev-sym-{i}", href=ref_url(d, s.sample)))
     floor = datetime.min.replace(tzinfo=timezone.utc)
 
     def order(r: Row) -> tuple:
@@ -140,7 +157,8 @@ def timeline(d: Diagnosis) -> dict[str, Any]:
     """
     root_t = _parse_stamp(d.root_cause.onset or d.root_cause.timestamp) if d.root_cause else None
     spans = [(s, _parse_stamp(s.first), _parse_stamp(s.last)) for s in d.symptoms]
-    times = [t for t in [root_t, *(a for _, a, _ in spans), *(b for _, _, b in spans)] if t is not None]
+    cand_t = [_parse_stamp(c.onset) for c in d.candidates]
+    times = [t for t in [root_t, *cand_t, *(a for _, a, _ in spans), *(b for _, _, b in spans)] if t is not None]
     rows = _rows(d, root_t, spans)
     if not times:
         return {"lanes": [], "rows": rows, "ticks": [], "hidden_hosts": [], "row_px": ROW_PX}
@@ -160,16 +178,28 @@ def timeline(d: Diagnosis) -> dict[str, Any]:
         if first is not None:
             for h in s.hosts or ["(no host)"]:
                 seen[h].append(i)
-    # One lane per (role, root marker, symptom groups) pattern, in host reading order.
-    lanes: dict[tuple[str, bool, tuple[int, ...]], Lane] = {}
+    cands: dict[str, list[int]] = {h: [] for h in roles}
+    for i, c in enumerate(d.candidates):
+        if cand_t[i] is not None:
+            for h in c.nodes or ["(unknown host)"]:
+                cands.setdefault(h, []).append(i)
+                roles.setdefault(h, "candidate")
+                seen.setdefault(h, [])
+    # One lane per (role, root marker, candidates, symptom groups) pattern, in host reading order.
+    lanes: dict[tuple[str, bool, tuple[int, ...], tuple[int, ...]], Lane] = {}
     for h, role in roles.items():
-        key = (role, h == root_host, tuple(seen[h]))
-        if not key[2] and not role and not key[1]:
+        key = (role, h == root_host, tuple(cands.get(h, ())), tuple(seen[h]))
+        if not key[3] and not key[2] and not role and not key[1]:
             continue
         lanes.setdefault(key, Lane([], role)).hosts.append(h)
-    for (_, has_root, groups), lane in lanes.items():
+    for (_, has_root, lane_cands, groups), lane in lanes.items():
         if has_root and d.root_cause is not None and root_t is not None:
             lane.marks.append(Mark("root", d.root_cause.kind, pos(root_t), 0, d.root_cause.message, anchor="ev-root"))
+        for i in lane_cands:
+            c, t = d.candidates[i], cand_t[i]
+            assert t is not None
+            lane.marks.append(Mark("candidate", c.sub_domain, pos(t), 0, f"candidate: {c.sub_domain} — {c.message}",
+                                   anchor=f"ev-cand-{i}"))
         for row, i in enumerate(groups):
             s, first, last = spans[i]
             assert first is not None
@@ -189,6 +219,16 @@ def timeline(d: Diagnosis) -> dict[str, Any]:
             "window": f"{t0.strftime('%Y-%m-%d %H:%M:%S')} – {t1.strftime('%H:%M:%S')} UTC"}
 
 
+def failed_at(d: Diagnosis) -> str | None:
+    """When it went wrong: the root cause's onset, else the first candidate's, else the first symptom's."""
+    if d.status == "no_failure":
+        return None
+    if d.root_cause is not None and (d.root_cause.onset or d.root_cause.timestamp):
+        return d.root_cause.onset or d.root_cause.timestamp
+    stamps = [c.onset for c in d.candidates if c.onset] or [s.first for s in d.symptoms if s.first]
+    return min(stamps, key=lambda t: _parse_stamp(t) or datetime.max.replace(tzinfo=timezone.utc)) if stamps else None
+
+
 def headline(d: Diagnosis) -> dict[str, str]:
     """The one line an on-call engineer reads first."""
     if d.status == "attributed" and d.root_cause is not None:
@@ -199,9 +239,10 @@ def headline(d: Diagnosis) -> dict[str, str]:
                 "sentence": "; ".join(f"{c.sub_domain} on {', '.join(c.nodes) or 'unknown hosts'}"
                                       for c in d.candidates)}
     if d.status == "unattributed":
+        # The suspect and why first (the summary says it); what to collect is the next step, not the cause.
         who = f" — suspects: {', '.join(d.suspect_nodes)}" if d.suspect_nodes else ""
         return {"title": f"No root cause proven{who}",
-                "sentence": "; ".join(m.detail for m in d.missing_evidence[:3]) or "insufficient evidence"}
+                "sentence": d.summary or "no line proves a cause"}
     return {"title": "Completed — no failure", "sentence": f"terminal state {d.terminal_state}"}
 
 
@@ -211,4 +252,5 @@ def diagnosis_view(d: Diagnosis) -> dict[str, Any]:
         edges.setdefault(e.target, []).append(e)
     root_ref = d.root_cause.ref if d.root_cause else None
     return {"d": d, "headline": headline(d), "timeline": timeline(d), "edges": edges,
-            "root_ref": ref_text(root_ref) if root_ref else None, "ref_text": ref_text}
+            "root_ref": ref_text(root_ref) if root_ref else None, "ref_text": ref_text,
+            "ref_url": lambda r: ref_url(d, r), "root_url": ref_url(d, root_ref)}

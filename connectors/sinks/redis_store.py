@@ -90,6 +90,9 @@ class _Keys:
     def node_index(self, host: str) -> str:
         return f"{self.p}idx:node:{host}"
 
+    def lines(self, diagnosis_id: str) -> str:
+        return f"{self.p}lines:{diagnosis_id}"
+
 
 # ---------------------------------------------------------------- backends
 
@@ -97,6 +100,7 @@ class _Backend(Protocol):
     def save(self, entry: _Entry) -> bool: ...
     def latest_doc_keys(self, latest_keys: Sequence[str]) -> list[str | None]: ...
     def mget(self, keys: Sequence[str]) -> list[str | None]: ...
+    def put(self, key: str, value: str) -> None: ...
     def lrange(self, key: str) -> list[str]: ...
     def zcard(self, key: str) -> int: ...
     def zrev_by_score(self, key: str, high: float, low: float, offset: int, count: int) -> list[tuple[str, float]]: ...
@@ -168,6 +172,9 @@ class _RedisBackend:
     def mget(self, keys: Sequence[str]) -> list[str | None]:
         return list(self._call(lambda: self._r.mget(list(keys)))) if keys else []
 
+    def put(self, key: str, value: str) -> None:
+        self._call(lambda: self._r.set(key, value))
+
     def lrange(self, key: str) -> list[str]:
         return list(self._call(lambda: self._r.lrange(key, 0, -1)))
 
@@ -226,6 +233,10 @@ class _MemoryBackend:
     def mget(self, keys: Sequence[str]) -> list[str | None]:
         with self._lock:
             return [self._kv.get(k) for k in keys]
+
+    def put(self, key: str, value: str) -> None:
+        with self._lock:
+            self._kv[key] = value
 
     def lrange(self, key: str) -> list[str]:
         with self._lock:
@@ -322,7 +333,16 @@ class DiagnosisStore:
             attempt=d.attempt, member=member, revision=-1 if d.revision is None else d.revision,
             score=epoch_ms(ended_at or datetime.now(timezone.utc)), index_keys=tuple(index_keys)))
 
+    def save_lines(self, diagnosis_id: str, lines: dict[str, dict[str, str]]) -> None:
+        """Keep the lines around a diagnosis' references ({path: {line number: text}})."""
+        self._b.put(self._k.lines(diagnosis_id), json.dumps(lines, sort_keys=True, ensure_ascii=False))
+
     # -- reading
+
+    def lines(self, diagnosis_id: str) -> dict[str, dict[str, str]] | None:
+        """The lines kept with :meth:`save_lines`, or None when none were kept."""
+        raw = self._b.mget([self._k.lines(diagnosis_id)])[0]
+        return json.loads(raw) if raw else None
 
     def _docs(self, doc_keys: Sequence[str | None]) -> list[Diagnosis | None]:
         present = [k for k in doc_keys if k is not None]

@@ -566,6 +566,7 @@ def recovery(ctx: FinalContext) -> None:
     action = entry.get("recovery", "notify_owner")
     nodes = responsible(ctx)
     reasons = [f"{root.sub_domain} ({entry.get('summary', root.kind)})"]
+    unnamed = False
     # NVIDIA's resolution belongs to the Xid that was logged, not to one a marker refers to.
     vendor = None if "referred_xid" in root.fields else root.fields.get("immediate")
     if isinstance(vendor, str) and vendor in _VENDOR_ACTION and action in ("drain_nodes", "retry_excluding_nodes"):
@@ -576,14 +577,18 @@ def recovery(ctx: FinalContext) -> None:
         action = "retry_excluding_nodes"
         reasons.append("the evidence is indirect, so the node is excluded from the rerun, not drained")
     if action in ("drain_nodes", "retry_excluding_nodes") and not nodes:
-        action = "retry"
-        reasons.append("no host is named, so no node can be excluded")
+        # A rerun would likely land on the same broken node: a person must find it first.
+        action = "notify_owner"
+        unnamed = True
+        reasons.append("no host is named in the lines, so no node can be drained or excluded automatically")
     if root.domain == "application":
         reasons.append("an application fault: the node where it happened is not at fault")
     keep = action in ("drain_nodes", "retry_excluding_nodes")
     # The rule that tagged the root may know better than its sub_domain's row (a DIMM, not "the node").
     own = next((r.tag.next_step for r in ctx.catalog.early if r.id in root.early_rules and r.tag and r.tag.next_step), None)
     step = render(own, root) if own else entry.get("next_step", "")
+    if unnamed and step:
+        step = f"find the host that logged the root-cause line, then {step}"
     if isinstance(vendor, str) and vendor not in ("IGNORE", "RESTART_APP"):
         extra = root.fields.get("investigatory")
         step = f"{step} (NVIDIA: {vendor}" + (f", then {extra})" if isinstance(extra, str) and extra != vendor else ")")
