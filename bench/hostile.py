@@ -12,9 +12,9 @@ the traceback's exception). ``--service`` adds the probes against ``firstfault s
 (bench/hostile_stream.py). ``--json -`` prints JSON instead of the table; ``--json PATH``
 prints the table and writes the JSON to PATH. Probes run one at a time.
 
-Before/after::
+Before/after (``../ff-before``: a checkout of the old version with its own venv)::
 
-    /tmp/ff-before/.venv/bin/python bench/hostile.py --firstfault /tmp/ff-before/.venv/bin/firstfault --service
+    ../ff-before/.venv/bin/python bench/hostile.py --firstfault ../ff-before/.venv/bin/firstfault --service
     .venv/bin/python bench/hostile.py --firstfault .venv/bin/firstfault --service
 """
 from __future__ import annotations
