@@ -117,8 +117,9 @@ def cmd_ship(args: argparse.Namespace) -> int:
 
     cfg = _stream_config(args)
     if not cfg.bootstrap:
-        print("firstfault: ship needs a broker: set FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap "
-              "(firstfault up prints it)", file=sys.stderr)
+        from firstfault.streams.runfile import NO_BROKER
+
+        print(f"firstfault: {NO_BROKER}", file=sys.stderr)
         return 2
     kafka.ensure_topics(cfg)
     bar = Bar("shipping", min_total=100_000)
@@ -135,6 +136,45 @@ def cmd_ship(args: argparse.Namespace) -> int:
         print(f"shipped {stats.lines:,} lines from {stats.files} files to {cfg.topic('raw')} "
               f"in {stats.seconds:.2f} s, with the scheduler start and end on {cfg.topic('scheduler')}")
     return 0
+
+
+# Commands that talk to the broker: a flag or variable names it, else a running `firstfault up`'s run file.
+BROKER_COMMANDS = ("ship", "diagnoses", "replay", "topology")
+
+
+def _connect(args: argparse.Namespace) -> None:
+    """Where the broker (and its Redis) is, checked to answer: else one line and exit 2 (a FirstfaultError)."""
+    from firstfault.streams import reach, runfile
+
+    try:
+        where = runfile.resolve(args.bootstrap, getattr(args, "redis_url", None), getattr(args, "prefix", None))
+    except runfile.NoBroker:
+        if args.command == "topology":
+            return                       # it describes the pipeline `up` would start: no broker needed
+        raise
+    args.bootstrap, args.prefix = where.bootstrap, where.prefix
+    if hasattr(args, "redis_url"):
+        args.redis_url = where.redis_url
+    if where.run is None:
+        hint = "check FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap (unset both to use a running `firstfault up`)"
+    else:
+        hint = (f"`firstfault up` (pid {where.run.pid}, run file {where.path}) should serve it: see "
+                f"{where.run.log_file or 'its log'}, or restart it")
+    reach.check_broker(where.bootstrap, hint)
+    if where.redis_url and args.command in ("diagnoses", "replay"):
+        reach.check_redis(where.redis_url, "check FIRSTFAULT_REDIS_URL or --redis-url" if where.run is None
+                          else f"`firstfault up` (pid {where.run.pid}) uses it: start that Redis, or set FIRSTFAULT_REDIS_URL")
+
+
+def _serve_store(argv: list[str]) -> None:
+    """`serve` with no store given uses a running `firstfault up`'s Redis, so its pages show the stream's diagnoses."""
+    if any(a == "--redis-url" or a.startswith("--redis-url=") for a in argv) or _env("REDIS_URL"):
+        return
+    from firstfault.streams.runfile import stored_redis
+
+    url = stored_redis()
+    if url:
+        os.environ["FIRSTFAULT_REDIS_URL"] = url
 
 
 def _add_stream_flags(p: argparse.ArgumentParser) -> None:
@@ -209,10 +249,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The service parses its own flags (and re-imports itself in each uvicorn worker).
         from firstfault.connectors.api.serve import serve_main
 
+        _serve_store(argv[1:])
         return serve_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in BROKER_COMMANDS:
+            _connect(args)
         return args.fn(args)
     except ArchiveLimitError as exc:
         raise_it = ("--max-archive-bytes or FIRSTFAULT_MAX_ARCHIVE_BYTES" if exc.limit == "bytes"

@@ -107,7 +107,9 @@ sub_domain and "what to do next" is `recovery.next_step`. The engine adjusts the
 * Weak evidence never drains: when every chosen root is weak (an NCCL IB completion
   error, a CUDA error string other faults also produce), `drain_nodes` becomes
   `retry_excluding_nodes`.
-* When no host is named, `drain_nodes` and `retry_excluding_nodes` become `retry`.
+* When no host is named, `drain_nodes` and `retry_excluding_nodes` become `notify_owner`:
+  a rerun would likely land on the same broken node, so a person finds it first (the
+  `next_step` starts "find the host that logged the root-cause line").
 * `recovery.nodes` is set only for `drain_nodes` and `retry_excluding_nodes`, so an
   `application` or `scheduler` fault never names a node there.
 * A rule may carry a more precise `next_step` than its row (a host memory error says to

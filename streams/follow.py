@@ -7,7 +7,12 @@ done. Where the broker's offsets are right (Apache Kafka) it seeks with
 (stack.md §1): it starts from the Redis offset index (or the beginning) and stops
 after an idle timeout. ``FIRSTFAULT_TIME_INDEX=offsets|scan`` overrides the guess.
 
-    firstfault diagnoses [--follow] [--json] [--since ISO|30m|2d]
+    firstfault diagnoses [--all] [--follow] [--json] [--since ISO|30m|2d]
+
+By default ``diagnoses`` shows the latest diagnosis of each workload attempt (its
+highest revision), newest publication first, one line each with the cause and the
+recovery action; ``--all`` and ``--follow`` list every publication as it was
+published, ``--json`` every publication as its diagnosis object.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import time
 import uuid
@@ -208,6 +214,66 @@ def summary_line(d: Diagnosis, published_ms: int | None = None) -> str:
             f"{where:<40}  {blame}")
 
 
+def revision_order(d: Diagnosis) -> int:
+    """Revisions in order; a diagnosis without one (replayed, offline) sorts first."""
+    return -1 if d.revision is None else d.revision
+
+
+def latest_per_attempt(items: list[tuple[Diagnosis, int | None]]) -> list[tuple[Diagnosis, int | None]]:
+    """Each attempt's latest diagnosis (highest revision; the later publication on a tie), newest first."""
+    latest: dict[tuple[str, int], tuple[Diagnosis, int | None]] = {}
+    for d, ts in items:
+        key = (d.workload_id, d.attempt)
+        have = latest.get(key)
+        if have is None or revision_order(d) >= revision_order(have[0]):
+            latest[key] = (d, ts)
+    return sorted(latest.values(), key=lambda it: (-(it[1] or 0), it[0].workload_id, it[0].attempt))
+
+
+def _nodes(d: Diagnosis) -> str:
+    """Whom it blames: responsible nodes, else suspects, else the candidates' nodes."""
+    def short(hosts: list[str]) -> str:
+        return ",".join(hosts) if len(hosts) <= 3 else f"{','.join(hosts[:2])} +{len(hosts) - 2}"
+
+    if d.responsible_nodes:
+        return short(d.responsible_nodes)
+    if d.suspect_nodes:
+        return "suspect " + short(d.suspect_nodes)
+    if hosts := sorted({h for c in d.candidates for h in c.nodes}):
+        return "one of " + short(hosts)
+    return "-"
+
+
+def cause_text(d: Diagnosis) -> str:
+    """The one-line cause: the root cause's sentence when there is one, else the summary."""
+    text = d.root_cause.message if d.root_cause is not None and d.root_cause.message else d.summary
+    return " ".join(text.split()) or "-"
+
+
+def _width(stream) -> int | None:
+    """Columns to cut lines to: $COLUMNS, else the terminal's; None (no cut) when not a terminal."""
+    if (cols := os.environ.get("COLUMNS", "")).isdigit() and int(cols) > 0:
+        return int(cols)
+    if hasattr(stream, "isatty") and stream.isatty():
+        return shutil.get_terminal_size((100, 24)).columns
+    return None
+
+
+def latest_table(items: list[tuple[Diagnosis, int | None]], width: int | None = None) -> list[str]:
+    """The operator's view: a header and one line per attempt, the cause last and cut to ``width``."""
+    header = ("WORKLOAD", "ATTEMPT", "STATUS", "SUB_DOMAIN", "NODES", "RECOVERY")
+    rows = [(d.workload_id, str(d.attempt), d.status + ("*" if d.provisional else ""), d.sub_domain, _nodes(d),
+             d.recovery.action, cause_text(d)) for d, _ in items]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out = []
+    for row in [(*header, "CAUSE"), *rows]:
+        line = "  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[-1]
+        if width is not None and len(line) > width:
+            line = line[:max(width - 1, 0)] + "…"
+        out.append(line)
+    return out
+
+
 def cmd_diagnoses(args: argparse.Namespace) -> int:
     cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, prefix=args.prefix)
     if not cfg.bootstrap:
@@ -217,12 +283,14 @@ def cmd_diagnoses(args: argparse.Namespace) -> int:
     from firstfault.connectors.sinks.offset_index import OffsetIndex
 
     topic = cfg.topics.get(args.topic, args.topic)
-    index = OffsetIndex(cfg.redis_url, cfg.prefix) if cfg.redis_url else None
+    index = OffsetIndex.for_config(cfg) if cfg.redis_url else None
     reader = TopicReader(cfg, topic, since_ms=args.since, follow=args.follow, idle_s=args.idle, index=index)
     if not reader.follow and not reader.partitions():
         reader.consumer.close()
         print(f"firstfault: topic {topic} does not exist (is the pipeline up?)", file=sys.stderr)
         return 0
+    every = args.all or args.follow or args.json        # else: the latest per attempt, once the topic is read
+    kept: list[tuple[Diagnosis, int | None]] = []
     skipped = 0
     try:
         for m in reader:
@@ -230,15 +298,30 @@ def cmd_diagnoses(args: argparse.Namespace) -> int:
             if d is None:
                 skipped += 1
                 continue
+            ts_type, ts = m.timestamp()
+            ts = ts if ts_type else None
+            if not every:
+                kept.append((d, ts))
+                continue
             if args.json:
                 line = json.dumps(d.to_dict(), sort_keys=True, ensure_ascii=False)
             else:
-                ts_type, ts = m.timestamp()
-                line = summary_line(d, ts if ts_type else None)
+                line = summary_line(d, ts)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
     except KeyboardInterrupt:
         reader.stop()          # Ctrl-C is how --follow ends: not an error
+    if not every:
+        latest = latest_per_attempt(kept)
+        if latest:
+            sys.stdout.write("\n".join(latest_table(latest, _width(sys.stdout))) + "\n")
+            sys.stdout.flush()          # the table before the note on stderr, on one terminal
+            note = f"{len(latest)} workload attempt(s), {len(kept)} publication(s); --all lists every publication"
+            if any(d.provisional for d, _ in latest):
+                note += "; * provisional: published before the workload's end event"
+            print(note, file=sys.stderr)
+        else:
+            print(f"firstfault: no diagnoses on {topic} yet", file=sys.stderr)
     if skipped:
         print(f"firstfault: skipped {skipped} record(s) on {topic} that are not Avro diagnoses", file=sys.stderr)
     return 0
@@ -251,9 +334,17 @@ def add_connection_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("diagnoses", help="read the diagnoses topic")
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing new diagnoses until Ctrl-C")
-    p.add_argument("--json", action="store_true", help="one diagnosis object per line")
+    p = subparsers.add_parser(
+        "diagnoses", help="read the diagnoses topic: the latest diagnosis of each workload attempt, newest first",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  firstfault diagnoses                      latest per workload attempt, with cause and recovery\n"
+               "  firstfault diagnoses --all --since 2h     every publication (provisional and final) of the last 2 h\n"
+               "  firstfault diagnoses --follow             each new publication as it arrives, until Ctrl-C\n"
+               "  firstfault diagnoses --json | jq .summary one diagnosis object per publication")
+    p.add_argument("--all", action="store_true", help="every publication, in topic order, not only the latest")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new publications until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="one diagnosis object per publication, per line")
     p.add_argument("--since", type=parse_time, default=None,
                    help="only those published at or after this time (ISO-8601, or an age: 30m, 2d)")
     p.add_argument("--idle", type=float, default=2.0,

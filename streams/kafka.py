@@ -3,15 +3,23 @@
 Producers use murmur2 partitioning so keys land where Faust (aiokafka) expects
 them (stack.md §1), and allow large messages. Topics are created with their final
 partition count (Tansu cannot add partitions later).
+
+librdkafka's own log (connection retries, every few hundred ms) goes to the
+``firstfault.librdkafka`` logger, not straight to stderr: a worker that configures
+logging shows it, a command line does not (it checks the broker first, reach.py).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .config import StreamConfig
+
+LIBRDKAFKA_LOG = logging.getLogger("firstfault.librdkafka")
+LIBRDKAFKA_LOG.addHandler(logging.NullHandler())      # unconfigured: silent, not Python's last-resort stderr
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "partitioner": "murmur2_random",
@@ -27,19 +35,24 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 
+def client_conf(bootstrap: str | None, **extra: Any) -> dict[str, Any]:
+    """What every client gets: the bootstrap, and librdkafka's log through ``LIBRDKAFKA_LOG``."""
+    return {"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA_LOG, **extra}
+
+
 def producer(cfg: StreamConfig, **extra: Any) -> Producer:
-    return Producer({"bootstrap.servers": cfg.bootstrap, **PRODUCER_DEFAULTS, **extra})
+    return Producer(client_conf(cfg.bootstrap, **{**PRODUCER_DEFAULTS, **extra}))
 
 
 def consumer(cfg: StreamConfig, group: str | None = None, **extra: Any) -> Consumer:
-    conf = {"bootstrap.servers": cfg.bootstrap, **CONSUMER_DEFAULTS, **extra}
+    conf = client_conf(cfg.bootstrap, **{**CONSUMER_DEFAULTS, **extra})
     conf["group.id"] = group or f"{cfg.prefix}reader"
     return Consumer(conf)
 
 
 def ensure_topics(cfg: StreamConfig, names: list[str] | None = None, timeout: float = 15.0) -> list[str]:
     """Create the topics that do not exist yet; returns the ones created."""
-    admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
+    admin = AdminClient(client_conf(cfg.bootstrap))
     wanted = names or list(cfg.topics.values())
     existing = set(admin.list_topics(timeout=timeout).topics)
     # Progress keeps one record per raw partition that matters: the latest (compacted).

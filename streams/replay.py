@@ -1,17 +1,27 @@
-"""``firstfault replay``: re-diagnose a past time window with a (new) rule catalog.
+"""``firstfault replay``: re-diagnose past workloads with a (new) rule catalog.
 
-Every workload attempt whose scheduler end event was published in ``[since, until)``
-is diagnosed again, in this process, from the raw topic: the stream extractor's own
-``ExtractorCore`` routes lines to attempts by an allocation timeline built from those
-end events (a node-scoped line goes to whichever attempt held the node at the line's
-time) and extracts with line memory for stamp inheritance, so a replay gives what the
-pipeline would have published, and the same bytes as ``firstfault analyze`` of a
-complete bundle. Results go to ``diagnoses-replay`` (never to ``diagnoses``, which
-the service and recovery automation act on); ``--diff`` compares them with what the
-pipeline published.
+Which workloads: by default every attempt whose workload ENDED in ``[since, until)``
+(the end time on its scheduler end event), whenever that event was published, so a
+window means what an operator means by it, also for bundles shipped after the fact.
+``--by publish-time`` selects by when the end event was published instead (the
+pipeline's clock: Kafka record timestamps).
 
-Times are the pipeline's clock (Kafka record timestamps): for a bundle shipped after
-the fact, the window is when it was shipped. Seeking: see ``follow.TopicReader``.
+Each chosen attempt is diagnosed again, in this process, from the raw topic: the stream
+extractor's own ``ExtractorCore`` routes lines to attempts by an allocation timeline built
+from those end events (a node-scoped line goes to whichever attempt held the node at the
+line's time) and extracts with line memory for stamp inheritance, so a replay gives what
+the pipeline would have published, and the same bytes as ``firstfault analyze`` of a
+complete bundle. Results go to ``diagnoses-replay`` (never to ``diagnoses``, which the
+service and recovery automation act on); ``--diff`` compares them with what the pipeline
+published: status, sub_domain, root cause, nodes, candidates and recovery, with a count
+per kind of change.
+
+Reading by end time: an end event is published no earlier than the workload ended (less
+clock skew), so the scheduler topic is read from ``since`` minus ``END_SKEW_MS`` to its
+end. The raw lines of an attempt are read by publish time: from its start (less the
+allocation slack) for a live attempt, or from its start event's publication for one
+shipped after it ended, to its end event's publication plus the lateness. Seeking:
+see ``follow.TopicReader``.
 """
 from __future__ import annotations
 
@@ -19,15 +29,17 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from firstfault.rules.errors import RecordError
 
 from .config import StreamConfig
-from .follow import Mode, TopicReader, add_connection_flags, decode_diagnosis, iso_ms, parse_time, summary_line, \
-    time_index_mode
+from .follow import SKEW_MS, Mode, TopicReader, add_connection_flags, decode_diagnosis, iso_ms, parse_time, \
+    revision_order, summary_line, time_index_mode
 
 # The engine, Kafka and Redis load when a replay runs, not when the CLI registers its commands.
 if TYPE_CHECKING:
@@ -36,7 +48,10 @@ if TYPE_CHECKING:
     from firstfault.schemas import Diagnosis, RawLine, SchedulerEvent
 
 Key = tuple[str, int]
-DIFF_FIELDS = ("status", "domain", "sub_domain", "root_cause", "responsible_nodes", "suspect_nodes")
+Selector = Literal["end-time", "publish-time"]
+# What --diff compares, in the order it reports (domain follows sub_domain, so it is not its own kind).
+DIFF_FIELDS = ("status", "sub_domain", "root_cause", "responsible_nodes", "suspect_nodes", "candidates", "recovery")
+END_SKEW_MS = 3_600_000      # an end event stamped up to this far before its publication (scheduler vs broker clock)
 
 
 class Window(BaseModel):
@@ -61,11 +76,14 @@ class DiffReport(BaseModel):
     changed: int = 0
     unchanged: int = 0
     unpublished: int = 0
+    kinds: dict[str, int] = Field(default_factory=lambda: dict.fromkeys(DIFF_FIELDS, 0),
+                                  description="kind of change -> how many attempts it changed in")
     changes: list[Change] = Field(default_factory=list)
     unpublished_ids: list[str] = Field(default_factory=list)
 
 
 class ReplayReport(BaseModel):
+    by: Selector = "end-time"
     since: str
     until: str
     rules: str | None
@@ -113,14 +131,38 @@ class TimeBar:
 
 
 # ---------------------------------------------------------------- the three reads
-def select_attempts(cfg: StreamConfig, window: Window, mode: Mode, index: OffsetIndex | None, idle_s: float,
-                    counts: dict[str, int]) -> dict[Key, SchedulerEvent]:
-    """Attempts whose end event was published in the window (the last such event wins)."""
+@dataclass(frozen=True)
+class Chosen:
+    """One attempt to replay: its end event and when (pipeline clock) its events were published."""
+
+    event: SchedulerEvent
+    published_ms: int | None            # the end event's record timestamp
+    start_published_ms: int | None      # its last start event before that, if read
+
+    @property
+    def end_ms(self) -> int:
+        return _ms(self.event.workload.end_time or self.event.ts)
+
+
+def _ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def select_attempts(cfg: StreamConfig, window: Window, by: Selector, mode: Mode, index: OffsetIndex | None,
+                    idle_s: float, counts: dict[str, int]) -> dict[Key, Chosen]:
+    """Attempts that ended (``by="end-time"``) or whose end event was published in the window;
+    the last such end event of an attempt wins."""
     from .codecs import decode_scheduler
 
-    chosen: dict[Key, SchedulerEvent] = {}
-    bar = TimeBar("scheduler", window.since_ms, window.until_ms)
-    reader = TopicReader(cfg, cfg.topic("scheduler"), since_ms=window.since_ms, until_ms=window.until_ms,
+    chosen: dict[Key, Chosen] = {}
+    started: dict[Key, int | None] = {}
+    if by == "end-time":
+        # Published at or after the end, whenever: read from the window's start to the topic's end.
+        since_ms, until_ms, bar_end = window.since_ms - END_SKEW_MS, None, int(time.time() * 1000)
+    else:
+        since_ms, until_ms, bar_end = window.since_ms, window.until_ms, window.until_ms
+    bar = TimeBar("scheduler", since_ms, bar_end)
+    reader = TopicReader(cfg, cfg.topic("scheduler"), since_ms=since_ms, until_ms=until_ms,
                          mode=mode, index=index, idle_s=idle_s, on_record=bar)
     try:
         for m in reader:
@@ -130,14 +172,43 @@ def select_attempts(cfg: StreamConfig, window: Window, mode: Mode, index: Offset
                 counts["scheduler_unreadable"] += 1
                 continue
             counts["scheduler"] += 1
-            if ev.type == "end":
-                chosen[(ev.workload.workload_id, ev.workload.attempt)] = ev
+            ts_type, ts = m.timestamp()
+            published = ts if ts_type else None
+            key = (ev.workload.workload_id, ev.workload.attempt)
+            if ev.type == "start":
+                started[key] = published
+                continue
+            attempt = Chosen(ev, published, started.get(key))
+            if by == "publish-time" or window.since_ms <= attempt.end_ms < window.until_ms:
+                chosen[key] = attempt
     finally:
         bar.close()
     return chosen
 
 
-def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Window, catalog: Catalog, mode: Mode,
+def raw_bounds(cfg: StreamConfig, chosen: dict[Key, Chosen]) -> tuple[int, int]:
+    """The publish-time range holding every raw line of the chosen attempts."""
+    from .timeline import AllocationTimeline
+
+    slack_ms = int(AllocationTimeline().slack.total_seconds() * 1000)
+    lateness_ms = int(cfg.lateness_s * 1000)
+    lows, highs = [], []
+    for a in chosen.values():
+        start_ms = _ms(a.event.workload.start_time)
+        if a.start_published_ms is not None and a.start_published_ms >= a.end_ms:
+            # Shipped after it ended: start event, lines, end event, in that order (connectors.shipper).
+            low = a.start_published_ms - SKEW_MS
+        else:
+            # Live: lines are published as they are written, from the allocation's slack before the start.
+            low = start_ms - slack_ms
+        published = a.published_ms if a.published_ms is not None else a.end_ms
+        lows.append(min(low, published - SKEW_MS))
+        # Lines that arrive after the end event still revise the stream's diagnosis within the lateness.
+        highs.append(max(published, a.end_ms) + lateness_ms)
+    return min(lows), max(highs)
+
+
+def rediagnose(cfg: StreamConfig, chosen: dict[Key, Chosen], catalog: Catalog, mode: Mode,
                index: OffsetIndex | None, idle_s: float, counts: dict[str, int]) -> dict[Key, Diagnosis]:
     from firstfault.rules.diagnose import diagnose
     from firstfault.rules.engine import stream_inventory
@@ -145,19 +216,14 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Win
 
     from .codecs import decode_raw
     from .extractor import ExtractorCore
-    from .timeline import AllocationTimeline
 
     if not chosen:
         return {}
     # hold_max=0: every end event is known up front, so a line that routes nowhere now never will.
     core = ExtractorCore(cfg.model_copy(update={"hold_max": 0}), catalog)
-    for ev in chosen.values():
-        core.timeline.apply(ev)
-    slack_ms = int(AllocationTimeline().slack.total_seconds() * 1000)
-    starts = [int(ev.workload.start_time.timestamp() * 1000) for ev in chosen.values()]
-    raw_from = min([window.since_ms, *starts]) - slack_ms
-    # Lines that arrive after the end event still revise the stream's diagnosis within the lateness.
-    raw_until = window.until_ms + int(cfg.lateness_s * 1000)
+    for a in chosen.values():
+        core.timeline.apply(a.event)
+    raw_from, raw_until = raw_bounds(cfg, chosen)
     events: dict[Key, EventSet] = {k: EventSet() for k in chosen}
     paths: dict[Key, set[str]] = {k: set() for k in chosen}
     metric_hosts: dict[Key, set[str]] = {k: set() for k in chosen}
@@ -190,20 +256,16 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, SchedulerEvent], window: Win
     finally:
         bar.close()
     counts["raw"] = core.counters.records
-    return {k: diagnose(ev.workload, events[k].sorted(), catalog,
-                        stream_inventory(ev.workload, paths[k], metric_hosts[k]))
-            for k, ev in chosen.items()}
+    return {k: diagnose(a.event.workload, events[k].sorted(), catalog,
+                        stream_inventory(a.event.workload, paths[k], metric_hosts[k]))
+            for k, a in chosen.items()}
 
 
-def _rev(d: Diagnosis) -> int:
-    return -1 if d.revision is None else d.revision
-
-
-def published(cfg: StreamConfig, window: Window, keys: set[Key], mode: Mode, index: OffsetIndex | None,
+def published(cfg: StreamConfig, since_ms: int, keys: set[Key], mode: Mode, index: OffsetIndex | None,
               idle_s: float, counts: dict[str, int]) -> dict[Key, Diagnosis]:
-    """The latest published revision of each attempt (published at or after ``since``)."""
+    """The latest published revision of each attempt (published at or after ``since_ms``)."""
     latest: dict[Key, Diagnosis] = {}
-    reader = TopicReader(cfg, cfg.topic("diagnoses"), since_ms=window.since_ms, mode=mode, index=index, idle_s=idle_s)
+    reader = TopicReader(cfg, cfg.topic("diagnoses"), since_ms=since_ms, mode=mode, index=index, idle_s=idle_s)
     for m in reader:
         d = decode_diagnosis(m.value())
         if d is None:
@@ -213,18 +275,25 @@ def published(cfg: StreamConfig, window: Window, keys: set[Key], mode: Mode, ind
         if key not in keys:
             continue
         have = latest.get(key)
-        if have is None or _rev(d) >= _rev(have):
+        if have is None or revision_order(d) >= revision_order(have):
             latest[key] = d
     return latest
 
 
 # ---------------------------------------------------------------- diff
 def _comparable(d: Diagnosis, name: str) -> Any:
+    """The part of a field an operator acts on: where the root line is, who is blamed, what recovery does."""
     if name == "root_cause":
         rc = d.root_cause
         if rc is None:
             return None
         return {"kind": rc.kind, "host": rc.host, "gpu": rc.gpu, "ref": f"{rc.ref.path}:{rc.ref.line}"}
+    if name == "candidates":
+        return sorted(({"sub_domain": c.sub_domain, "nodes": sorted(c.nodes)} for c in d.candidates),
+                      key=lambda c: (c["sub_domain"], c["nodes"]))
+    if name == "recovery":
+        r = d.recovery
+        return {"action": r.action, "nodes": list(r.nodes), "next_step": r.next_step}
     return getattr(d, name)
 
 
@@ -249,6 +318,8 @@ def compare(new: dict[Key, Diagnosis], old: dict[Key, Diagnosis]) -> DiffReport:
         if fields:
             report.changed += 1
             report.changes.append(Change(workload_id=key[0], attempt=key[1], fields=fields))
+            for name in fields:
+                report.kinds[name] += 1
         else:
             report.unchanged += 1
     return report
@@ -257,7 +328,7 @@ def compare(new: dict[Key, Diagnosis], old: dict[Key, Diagnosis]) -> DiffReport:
 # ---------------------------------------------------------------- the whole run
 def replay(cfg: StreamConfig, window: Window, rules: str | None = None, output_topic: str | None = None,
            with_diff: bool = False, idle_s: float = 2.0, mode: Mode | None = None,
-           emit: Callable[[Diagnosis], None] | None = None) -> ReplayReport:
+           emit: Callable[[Diagnosis], None] | None = None, by: Selector = "end-time") -> ReplayReport:
     from firstfault.connectors.sinks.offset_index import OffsetIndex
     from firstfault.rules.catalog import load_catalog
     from firstfault.schemas.avro import encode
@@ -267,17 +338,17 @@ def replay(cfg: StreamConfig, window: Window, rules: str | None = None, output_t
     t0 = time.monotonic()
     catalog = load_catalog(rules)
     mode = mode or time_index_mode(cfg)
-    index = OffsetIndex(cfg.redis_url, cfg.prefix) if (cfg.redis_url and mode == "scan") else None
+    index = OffsetIndex.for_config(cfg) if (cfg.redis_url and mode == "scan") else None
     counts = {"scheduler": 0, "scheduler_unreadable": 0, "raw": 0, "raw_unreadable": 0, "diagnoses": 0}
-    chosen = select_attempts(cfg, window, mode, index, idle_s, counts)
-    results = rediagnose(cfg, chosen, window, catalog, mode, index, idle_s, counts)
-    order = sorted(results, key=lambda k: (chosen[k].ts, k))
+    chosen = select_attempts(cfg, window, by, mode, index, idle_s, counts)
+    results = rediagnose(cfg, chosen, catalog, mode, index, idle_s, counts)
+    order = sorted(results, key=lambda k: (chosen[k].end_ms, k))
     out_topic = output_topic or cfg.topic("diagnoses-replay")
     if results:
         kafka.ensure_topics(cfg, [out_topic])
         prod = kafka.producer(cfg)
         headers = [("replay-since", iso_ms(window.since_ms).encode()), ("replay-until", iso_ms(window.until_ms).encode()),
-                   ("rules-version", catalog.version.encode())]
+                   ("replay-by", by.encode()), ("rules-version", catalog.version.encode())]
         for key in order:
             prod.produce(out_topic, key=key[0].encode(), value=encode(results[key]), headers=headers)
             if emit:
@@ -285,23 +356,40 @@ def replay(cfg: StreamConfig, window: Window, rules: str | None = None, output_t
         prod.flush(30)
     report = None
     if with_diff:
-        report = compare(results, published(cfg, window, set(results), mode, index, idle_s, counts))
+        # A diagnosis is published after the lines it was made from: none before the first raw line.
+        since_ms = raw_bounds(cfg, chosen)[0] if chosen else window.since_ms
+        report = compare(results, published(cfg, since_ms, set(results), mode, index, idle_s, counts))
     return ReplayReport(
-        since=iso_ms(window.since_ms), until=iso_ms(window.until_ms), rules=rules, rules_version=catalog.version,
-        output_topic=out_topic, time_index=mode, records=counts, workloads=len(results),
-        diagnoses=[{"workload_id": k[0], "attempt": k[1], "status": results[k].status, "domain": results[k].domain,
-                    "sub_domain": results[k].sub_domain, "diagnosis_id": results[k].diagnosis_id} for k in order],
+        by=by, since=iso_ms(window.since_ms), until=iso_ms(window.until_ms), rules=rules,
+        rules_version=catalog.version, output_topic=out_topic, time_index=mode, records=counts, workloads=len(results),
+        diagnoses=[{"workload_id": k[0], "attempt": k[1], "ended": iso_ms(chosen[k].end_ms),
+                    "status": results[k].status, "domain": results[k].domain, "sub_domain": results[k].sub_domain,
+                    "diagnosis_id": results[k].diagnosis_id} for k in order],
         diff=report, seconds=round(time.monotonic() - t0, 3))
 
 
+# ---------------------------------------------------------------- text
 def _fmt(value: Any) -> str:
-    if value is None:
+    if value is None or value == "":
         return "-"
     if isinstance(value, list):
-        return ",".join(map(str, value)) or "-"
+        return "; ".join(map(_fmt, value)) if value and isinstance(value[0], dict) else (",".join(map(str, value)) or "-")
     if isinstance(value, dict):
+        if set(value) == {"sub_domain", "nodes"}:                  # a candidate
+            return f"{value['sub_domain']} on {_fmt(value['nodes'])}"
         return " ".join(str(v) for v in value.values() if v is not None)
     return str(value)
+
+
+def _change_lines(name: str, before: Any, after: Any) -> list[str]:
+    """One line per changed field (a long value: before and after on lines of their own)."""
+    if name == "recovery" and isinstance(before, dict) and isinstance(after, dict):
+        return [line for sub in ("action", "nodes", "next_step") if before.get(sub) != after.get(sub)
+                for line in _change_lines(f"recovery.{sub}", before.get(sub), after.get(sub))]
+    b, a = _fmt(before), _fmt(after)
+    if len(b) + len(a) > 72:
+        return [f"    {name}", f"        was  {b}", f"        now  {a}"]
+    return [f"    {name:<18} {b}  ->  {a}"]
 
 
 def render_text(report: ReplayReport) -> str:
@@ -310,13 +398,15 @@ def render_text(report: ReplayReport) -> str:
         for ch in report.diff.changes:
             lines.append(f"CHANGED  {ch.workload_id}#{ch.attempt}")
             for name, v in ch.fields.items():
-                lines.append(f"    {name:<18} {_fmt(v['before'])}  ->  {_fmt(v['after'])}")
+                lines.extend(_change_lines(name, v["before"], v["after"]))
         for wid in report.diff.unpublished_ids:
             lines.append(f"NEW      {wid}  (nothing published for it on the diagnoses topic)")
         d = report.diff
-        lines.append(f"diff: {d.changed} changed, {d.unchanged} unchanged, {d.unpublished} never published")
+        lines.append(f"diff: {d.changed} changed, {d.unchanged} unchanged, {d.unpublished} never published; "
+                     f"changes by kind: " + ", ".join(f"{n} {k}" for k, n in d.kinds.items()))
     r = report.records
-    lines.append(f"replayed {report.workloads} workload attempt(s) ending {report.since} .. {report.until} "
+    which = "ending" if report.by == "end-time" else "with an end event published"
+    lines.append(f"replayed {report.workloads} workload attempt(s) {which} {report.since} .. {report.until} "
                  f"from {r['raw']:,} raw and {r['scheduler']:,} scheduler records in {report.seconds:.1f}s "
                  f"(rules {report.rules_version}{', overlay ' + report.rules if report.rules else ''}; "
                  f"seek: {report.time_index}) -> {report.output_topic}")
@@ -340,7 +430,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(summary_line(d), flush=True)
 
     report = replay(cfg, window, rules=cfg.rules, output_topic=args.output_topic, with_diff=args.diff,
-                    idle_s=args.idle, emit=emit)
+                    idle_s=args.idle, emit=emit, by=args.by)
     if args.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
@@ -349,11 +439,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("replay", help="re-diagnose a past time window with a rule catalog")
+    p = subparsers.add_parser(
+        "replay", help="re-diagnose the workloads that ended in a time window, with a rule catalog",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  firstfault replay --since 2026-11-01 --until 2026-11-10 --rules my-rules/ --diff\n"
+               "  firstfault replay --since 2d --json                    the last two days, a machine summary\n"
+               "  firstfault replay --since 1h --by publish-time         what the pipeline received in the last hour")
     p.add_argument("--since", type=parse_time, required=True, help="window start (ISO-8601, or an age: 30d)")
     p.add_argument("--until", type=parse_time, default=None, help="window end (default now)")
+    p.add_argument("--by", choices=("end-time", "publish-time"), default="end-time",
+                   help="select workloads by when they ended (default), or by when their end event was published")
     p.add_argument("--rules", default=None, help="a rules directory laid over the built-in catalog (FIRSTFAULT_RULES)")
-    p.add_argument("--diff", action="store_true", help="show what changed against the published diagnoses")
+    p.add_argument("--diff", action="store_true",
+                   help="show what changed against the published diagnoses: status, sub_domain, root cause, nodes, "
+                        "candidates, recovery; with a count per kind")
     p.add_argument("--json", action="store_true", help="print a machine summary")
     p.add_argument("--output-topic", default=None, help="where replayed diagnoses go (default <prefix>diagnoses-replay)")
     p.add_argument("--idle", type=float, default=2.0, help="Tansu: a topic is read once nothing new came for this long")

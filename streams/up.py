@@ -6,6 +6,12 @@ processes configured through FIRSTFAULT_* variables, restarts a worker that dies
 (with backoff) and, on Ctrl-C or SIGTERM, stops them one at a time (upstream first,
 so what the extractors flushed can still be read) and then the broker.
 
+It prints where things are and then "ready" once every worker's /readyz answers and
+their consumer groups are stable. An embedded broker is announced in the run file
+(runfile.py), so other commands find it with nothing set. Worker output (Faust's
+banner, start and stop lines) goes to ``up.log`` beside the run file; ``-v`` puts it
+on the terminal.
+
 Every child runs in its own session: a Ctrl-C at the terminal reaches only ``up``,
 which then stops the group members one by one. (Tansu wedges a consumer group when
 members leave together, stack.md §1, and the broker must outlive the workers.) A
@@ -30,7 +36,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from .broker import EmbeddedBroker
+from . import reach, runfile
+from .broker import EmbeddedBroker, free_port
 from .config import StreamConfig
 from .follow import broker_is_tansu
 
@@ -193,11 +200,18 @@ class Worker:
     restarts: int = 0
     failures: int = 0                  # consecutive short runs, for the backoff
     not_before: float = 0.0
+    log: Path | None = None            # where its output goes (Faust's banner, start/stop lines); None: our stderr
+    health_port: int | None = None     # its /readyz, which `up` asks before it says "ready"
 
     def start(self) -> None:
-        # Worker logs go to our stderr: stdout stays for `up`'s own report.
-        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                                     stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(), **spawn_kwargs())
+        # Never our stdout: that stays for `up`'s own report.
+        if self.log is None:
+            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                         stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(), **spawn_kwargs())
+        else:
+            with open(self.log, "ab") as out:
+                self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                             stdout=out, stderr=subprocess.STDOUT, **spawn_kwargs())
         self.started = time.monotonic()
 
     @property
@@ -248,8 +262,8 @@ class Supervisor:
                 w.failures = 1 if ran >= RESTART_RESET_S else w.failures + 1
                 delay = min(MAX_BACKOFF_S, 2.0 ** (w.failures - 1))
                 w.not_before = now + delay
-                log.warning("%s (pid %s) exited with code %s after %.1fs; restarting in %.0fs",
-                            w.name, w.pid, w.proc.returncode, ran, delay)
+                log.warning("%s (pid %s) exited with code %s after %.1fs; restarting in %.0fs%s",
+                            w.name, w.pid, w.proc.returncode, ran, delay, f" (its output: {w.log})" if w.log else "")
             elif now >= w.not_before:
                 w.not_before = 0.0
                 w.restarts += 1
@@ -279,53 +293,117 @@ class Supervisor:
 
 
 # ---------------------------------------------------------------- up
+READY_POLL_S = 0.5
+READY_WARN_S = 60.0           # not ready by then: say why on the terminal (once), keep waiting
+
+
 def _try_commands(cfg: StreamConfig, embedded: bool) -> list[str]:
-    env = f"FIRSTFAULT_KAFKA_BOOTSTRAP={cfg.bootstrap}"
-    if cfg.prefix != StreamConfig.model_fields["prefix"].default:
-        env += f" FIRSTFAULT_TOPIC_PREFIX={cfg.prefix}"
+    # The embedded broker is found through the run file; an external one must be named.
+    env = "" if embedded else f"FIRSTFAULT_KAFKA_BOOTSTRAP={cfg.bootstrap} "
+    if not embedded and cfg.prefix != StreamConfig.model_fields["prefix"].default:
+        env += f"FIRSTFAULT_TOPIC_PREFIX={cfg.prefix} "
     sample = "samples/worked-example" if Path("samples/worked-example").is_dir() else "PATH/TO/BUNDLE"
-    return [f"{env} firstfault ship {sample}", f"{env} firstfault diagnoses --follow"]
+    return [f"{env}firstfault ship {sample}", f"{env}firstfault diagnoses --follow"]
 
 
-def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worker], rundir: str) -> str:
-    embedded = broker is not None
-    kind = (f"embedded Tansu pid {broker.proc.pid if broker.proc else '?'}, in-memory: nothing survives a restart"
+def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worker], run_file: Path | None,
+           log_file: Path | None) -> str:
+    """Where everything is, in a few lines: broker, store, workers, log, run file, what to try."""
+    kind = (f"embedded Tansu pid {broker.proc.pid if broker.proc else '?'}, in memory: nothing survives a restart"
             if broker is not None else "external")
     lines = [f"firstfault up: broker {cfg.bootstrap} ({kind})"]
-    for logical, name in cfg.topics.items():
-        lines.append(f"  topic   {name:<40} {cfg.partitions} partitions")
     if cfg.redis_url:
-        lines.append(f"  redis   {cfg.redis_url} (diagnoses store, offset index)")
+        lines.append(f"  store     {reach.redact(cfg.redis_url)} (diagnoses store, offset index)")
     else:
-        lines.append("  redis   none (FIRSTFAULT_REDIS_URL unset): in-process fallback. Diagnoses live only on the "
-                     "diagnoses topic (gone with the embedded broker), `firstfault serve` would use its own "
-                     "in-process store and not see them, and replay scans topics from the start")
+        lines.append("  store     memory: no FIRSTFAULT_REDIS_URL, so diagnoses live only on the diagnoses topic "
+                     "and `firstfault serve` does not see them")
     for w in workers:
-        port = w.env.get("FIRSTFAULT_METRICS_PORT", "0")
-        lines.append(f"  worker  {w.name:<14} pid {w.pid}" + (f", /metrics /healthz /readyz on :{port}"
-                                                              if port not in ("", "0") else ""))
-    lines.append(f"  logs    workers on stderr; run directory {rundir}")
-    lines.append("  try:")
-    lines += [f"    {c}" for c in _try_commands(cfg, embedded)]
-    lines.append("ready (Ctrl-C to stop)")
+        lines.append(f"  worker    {w.name:<14} pid {w.pid}"
+                     + (f", /metrics /healthz /readyz on :{w.health_port}" if w.health_port else ""))
+    lines.append(f"  log       {log_file} (firstfault up -v: on the terminal)" if log_file else
+                 "  log       workers on stderr (-v)")
+    if run_file is not None:
+        lines.append(f"  run file  {run_file} (ship, diagnoses, replay, serve and topology find the broker there)")
+    lines.append("  try:      " + "    ".join(_try_commands(cfg, broker is not None)))
     return "\n".join(lines)
 
 
-def make_workers(cfg: StreamConfig, extractors: int, rundir: str) -> list[Worker]:
+def make_workers(cfg: StreamConfig, extractors: int, rundir: str, log: Path | None = None) -> list[Worker]:
     env = worker_env(cfg)
     py = sys.executable
     ws = [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir, cfg.extractor_group)
           for i in range(extractors)]
     ws.append(Worker("correlator", [py, "-m", "firstfault.streams.correlator"], env, rundir, cfg.app_id))
-    # Several workers on one host cannot share a metrics port: FIRSTFAULT_METRICS_PORT=P gives
-    # them P, P+1, ... in this order (/metrics, /healthz, /readyz); unset or 0, none serves.
-    base = int(env.get("FIRSTFAULT_METRICS_PORT", "").strip() or 0)
+    # Several workers on one host cannot share a health port: FIRSTFAULT_METRICS_PORT=P gives them
+    # P, P+1, ... in this order (/metrics, /healthz, /readyz); 0, none serves; unset, each gets a free
+    # port, so that `up` can ask their /readyz before it says "ready".
+    raw = env.get("FIRSTFAULT_METRICS_PORT", "").strip()
+    base = int(raw) if raw else None
     for i, w in enumerate(ws):
-        w.env = {**env, "FIRSTFAULT_METRICS_PORT": str(base + i if base else 0)}
+        port = free_port() if base is None else (base + i if base else 0)
+        w.env = {**env, "FIRSTFAULT_METRICS_PORT": str(port)}
+        w.health_port, w.log = port or None, log
     return ws
 
 
-def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0) -> int:
+class Readiness:
+    """Ready when every worker's /readyz answers 200 and every consumer group they join is stable.
+
+    The extractor is ready once the group assigned it partitions, the correlator once Faust
+    started, joined and recovered its table (health.py); a stable group says, from the
+    broker's side, that the join is complete. A worker started with no health port
+    (FIRSTFAULT_METRICS_PORT=0) is judged by its group alone.
+    """
+
+    def __init__(self, cfg: StreamConfig, workers: list[Worker]) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        from .kafka import client_conf
+
+        self.workers = workers
+        self.groups = sorted({w.group for w in workers if w.group})
+        self.admin = AdminClient(client_conf(cfg.bootstrap))
+
+    def waiting_for(self) -> str | None:
+        """None when ready, else what it waits for, in a few words."""
+        for w in self.workers:
+            if not w.alive():
+                return f"{w.name} is not running"
+            if w.health_port:
+                why = _probe(w.health_port)
+                if why:
+                    return f"{w.name}: {why}"
+        from confluent_kafka import ConsumerGroupState, KafkaException
+
+        try:
+            futures = self.admin.describe_consumer_groups(self.groups, request_timeout=2)
+            for group, fut in futures.items():
+                state = fut.result().state
+                if state != ConsumerGroupState.STABLE:
+                    return f"group {group}: {state.name.lower()}"
+        except KafkaException as exc:
+            return f"groups not described: {exc}"
+        return None
+
+
+def _probe(port: int) -> str | None:
+    """None if 127.0.0.1:port/readyz says 200, else its reason."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=0.5):
+            return None
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode(errors="replace").strip() or f"HTTP {exc.code}"
+    except OSError:
+        return "starting"
+
+
+def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, run_file: Path | None = None,
+           log_file: Path | None = None, rules_version: str = "") -> int:
+    """The pipeline until a signal. ``run_file``: where an embedded broker is announced (None: nowhere);
+    ``log_file``: where worker output goes (None: our stderr)."""
     rundir = tempfile.mkdtemp(prefix="firstfault-up-")
     if cfg.rules:             # workers run in the run directory: a relative rules path must survive that
         cfg = cfg.model_copy(update={"rules": str(Path(cfg.rules).resolve())})
@@ -344,23 +422,40 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0) -
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     broker: EmbeddedBroker | None = None
+    wrote_run_file = False
     rc = 0
     try:
         if not cfg.bootstrap:
             broker = EmbeddedBroker(log_path=Path(rundir) / "tansu.log", popen_kwargs=spawn_kwargs())
-            cfg = cfg.model_copy(update={"bootstrap": broker.start()})
+            try:
+                cfg = cfg.model_copy(update={"bootstrap": broker.start()})
+            except RuntimeError as exc:          # no binary, or it would not stay up: one line, not a traceback
+                log.error("%s (its log: %s)", exc, Path(rundir) / "tansu.log")
+                broker = None
+                return 2
             log.info("embedded broker on %s (pid %s)", cfg.bootstrap, broker.proc.pid if broker.proc else "?")
         created = kafka.ensure_topics(cfg)
         log.info("topics: %d created, %d already there", len(created), len(cfg.topics) - len(created))
+        if broker is not None and run_file is not None:
+            runfile.write(runfile.RunInfo(
+                bootstrap=cfg.bootstrap, redis=cfg.redis_url or runfile.MEMORY, prefix=cfg.prefix, pid=os.getpid(),
+                started_at=runfile.now_iso(), rules_version=rules_version,
+                log_file=str(log_file) if log_file else None), run_file)
+            wrote_run_file = True
+            log.info("run file %s", run_file)
         # An external Tansu keeps its groups across our restart: stop group members with a pause.
         # (The embedded broker is stopped right after, so its groups do not matter.)
         settle = 5.0 if broker is None and extractors > 1 and broker_is_tansu(cfg) else 0.0
-        sup = Supervisor(make_workers(cfg, extractors, rundir), stop_timeout, settle)
+        sup = Supervisor(make_workers(cfg, extractors, rundir, log_file), stop_timeout, settle)
+        ready: Readiness | None = None
         if signals["count"]:
             sup.stopping = True
         else:
             sup.start()
-            print(banner(cfg, broker, sup.workers, rundir), flush=True)
+            print(banner(cfg, broker, sup.workers, run_file if wrote_run_file else None, log_file), flush=True)
+            ready = Readiness(cfg, sup.workers)
+        t0 = next_probe = time.monotonic()
+        warned = False
         while not sup.stopping:
             if broker is not None and broker.proc is not None and broker.proc.poll() is not None:
                 log.error("the embedded broker exited (code %s); its in-memory topics are gone: stopping "
@@ -368,12 +463,27 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0) -
                 rc = 1
                 break
             sup.check()
-            time.sleep(0.2)
+            now = time.monotonic()
+            if ready is not None and now >= next_probe:
+                why = ready.waiting_for()
+                if why is None:
+                    print("ready (Ctrl-C to stop)", flush=True)
+                    log.info("ready in %.1fs", now - t0)
+                    ready = None
+                else:
+                    next_probe = now + READY_POLL_S
+                    if not warned and now - t0 >= READY_WARN_S:
+                        warned = True
+                        log.warning("not ready after %.0fs: %s%s", now - t0, why,
+                                    f" (worker output: {log_file})" if log_file else "")
+            time.sleep(0.1 if ready is not None else 0.2)
         if not sup.stop():
             log.warning("some workers had to be killed")
     finally:
         if sup is not None and not sup.stopping:
             sup.stop()
+        if wrote_run_file and run_file is not None:
+            runfile.remove(run_file, os.getpid())      # before the broker goes: nobody is sent to a dead one
         if broker is not None:
             if broker.proc is not None and broker.proc.poll() is not None:
                 log.warning("the broker had already exited (code %s) before the workers stopped",
@@ -387,11 +497,54 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0) -
     return rc
 
 
+def _logging(verbose: bool, log_file: Path | None) -> None:
+    """`up`'s own lines: all on the terminal with -v; else to the log file, warnings on the terminal too."""
+    fmt = logging.Formatter("%(asctime)s up %(levelname)s %(message)s")
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    term = logging.StreamHandler(sys.stderr)
+    term.setFormatter(fmt)
+    term.setLevel(logging.INFO if verbose or log_file is None else logging.WARNING)
+    root.addHandler(term)
+    if log_file is not None:
+        to_file = logging.FileHandler(log_file, mode="a", encoding="utf-8")
+        to_file.setFormatter(fmt)
+        root.addHandler(to_file)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s up %(levelname)s %(message)s")
+    from firstfault.rules.catalog import load_catalog
+    from firstfault.rules.errors import CatalogError
+
     cfg = StreamConfig.from_env(bootstrap=args.bootstrap, redis_url=args.redis_url, partitions=args.partitions,
                                 prefix=args.prefix)
-    return run_up(cfg, extractors=args.extractors, stop_timeout=args.stop_timeout)
+    # Checked before anything starts, each a line and exit 2: another `up`, an external broker
+    # or Redis that does not answer, a broken rules directory.
+    path = runfile.run_file_path()
+    if not cfg.bootstrap:
+        other = runfile.lookup(path).info
+        if other is not None and other.pid != os.getpid():
+            print(f"firstfault up: already running (pid {other.pid}, broker {other.bootstrap}, run file {path}): "
+                  f"stop it first, or give this one its own {runfile.RUN_FILE_VARIABLE}", file=sys.stderr)
+            return 2
+    try:
+        if cfg.bootstrap:
+            reach.check_broker(cfg.bootstrap, "check FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap "
+                                              "(unset both for the embedded broker)")
+        if cfg.redis_url:
+            reach.check_redis(cfg.redis_url, "check FIRSTFAULT_REDIS_URL or --redis-url (unset both for no Redis)")
+        version = load_catalog(cfg.rules).version
+    except (reach.Unreachable, CatalogError) as exc:
+        print(f"firstfault up: {exc}", file=sys.stderr)
+        return 2
+    log_file = None
+    if not args.verbose:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log_file = path.with_name("up.log")
+        log_file.write_bytes(b"")      # this run's output only; then everyone appends
+    _logging(args.verbose, log_file)
+    return run_up(cfg, extractors=args.extractors, stop_timeout=args.stop_timeout,
+                  run_file=None if cfg.bootstrap else path, log_file=log_file, rules_version=version)
 
 
 def _positive(text: str) -> int:
@@ -411,6 +564,8 @@ def register(subparsers) -> None:
                    help="partitions of the topics it creates (FIRSTFAULT_PARTITIONS, default 4)")
     p.add_argument("--prefix", default=None, help="topic prefix (FIRSTFAULT_TOPIC_PREFIX, default 'firstfault.')")
     p.add_argument("--stop-timeout", type=float, default=15.0, help="seconds a worker gets to stop before SIGKILL")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="worker output (Faust's start and stop lines) and up's own on the terminal, not in the log file")
     p.set_defaults(fn=cmd_up)
 
     t = subparsers.add_parser("topology", help="print the pipeline as configured: topics, workers, stores")

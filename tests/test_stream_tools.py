@@ -79,7 +79,7 @@ def test_diagnoses_prints_every_produced_diagnosis(stream_cfg, monkeypatch, caps
                                                                     key=lambda d: d["workload_id"])
     assert "skipped 1 record" in err
 
-    assert run_cli(follow.register, ["diagnoses", "--idle", str(IDLE)]) == 0
+    assert run_cli(follow.register, ["diagnoses", "--all", "--idle", str(IDLE)]) == 0
     lines = {line.split()[1].split("#")[0]: line for line in capsys.readouterr().out.splitlines()}
     oom = lines[first.workload_id]
     assert "rev 0 provisional" in oom and "ATTRIBUTED" in oom and "host/host_oom" in oom
@@ -230,11 +230,15 @@ def test_replay_rediagnoses_a_shipped_sample_and_diffs_a_rule_change(stream_cfg,
     published = offline.model_copy(update={"revision": 0, "provisional": False})
     publish(cfg, cfg.topic("diagnoses"), [(published.workload_id, encode(published), None)])
 
-    # An earlier window holds nothing.
-    empty = replay.replay(cfg, replay.Window(since_ms=since - 3 * HOUR_MS, until_ms=since - HOUR_MS), idle_s=IDLE)
+    # An earlier window holds nothing, by publish time or by end time (the sample ended 2026-11-06T08:51:21Z).
+    empty = replay.replay(cfg, replay.Window(since_ms=since - 3 * HOUR_MS, until_ms=since - HOUR_MS), idle_s=IDLE,
+                          by="publish-time")
     assert empty.workloads == 0
+    ended = follow.parse_time("2026-11-06T08:51:21Z")
+    assert replay.replay(cfg, replay.Window(since_ms=ended - HOUR_MS, until_ms=ended), idle_s=IDLE).workloads == 0
 
-    report = replay.replay(cfg, replay.Window(since_ms=since, until_ms=until), with_diff=True, idle_s=IDLE)
+    report = replay.replay(cfg, replay.Window(since_ms=since, until_ms=until), with_diff=True, idle_s=IDLE,
+                           by="publish-time")
     if not os.environ.get("KAFKA_BOOTSTRAP"):
         assert report.time_index == "scan"
     assert report.workloads == 1 and report.records["raw"] > 5000
@@ -245,7 +249,7 @@ def test_replay_rediagnoses_a_shipped_sample_and_diffs_a_rule_change(stream_cfg,
 
     cli_env(monkeypatch, cfg, redis_url)
     out_topic = f"{cfg.prefix}trial"
-    assert run_cli(replay.register, ["replay", "--since", follow.iso_ms(since), "--until", follow.iso_ms(until),
+    assert run_cli(replay.register, ["replay", "--since", "2026-11-06T08:00:00Z", "--until", "2026-11-06T09:00:00Z",
                                      "--rules", str(_oom_overlay(tmp_path)), "--diff", "--json",
                                      "--output-topic", out_topic, "--idle", str(IDLE)]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -255,7 +259,9 @@ def test_replay_rediagnoses_a_shipped_sample_and_diffs_a_rule_change(stream_cfg,
     [change] = summary["diff"]["changes"]
     assert change["workload_id"] == offline.workload_id
     assert change["fields"]["sub_domain"] == {"before": "host_oom", "after": "host_kernel_error"}
-    assert set(change["fields"]) == {"sub_domain"}      # same root line, same node: only the label moved
+    # Same root line, same node: the label moved, and with it the taxonomy row's recovery.
+    assert set(change["fields"]) == {"sub_domain", "recovery"}
+    assert summary["diff"]["kinds"]["sub_domain"] == summary["diff"]["kinds"]["recovery"] == 1
     [trial] = _read_all(cfg, out_topic)
     assert trial.sub_domain == "host_kernel_error"
     text = replay.render_text(replay.ReplayReport.model_validate(summary))
@@ -304,8 +310,10 @@ def _alive(pid: int) -> bool:
 
 def test_up_starts_supervises_and_stops_cleanly(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
-    env.update(FIRSTFAULT_TOPIC_PREFIX=f"t{uuid.uuid4().hex[:8]}.", FIRSTFAULT_GRACE_S="1", FIRSTFAULT_GRACE_CAP_S="1")
-    proc = subprocess.Popen([sys.executable, "-m", "firstfault.streams.up", "--partitions", "1", "--stop-timeout", "10"],
+    env.update(FIRSTFAULT_TOPIC_PREFIX=f"t{uuid.uuid4().hex[:8]}.", FIRSTFAULT_GRACE_S="1", FIRSTFAULT_GRACE_CAP_S="1",
+               FIRSTFAULT_RUN_FILE=str(tmp_path / "up.json"))
+    proc = subprocess.Popen([sys.executable, "-m", "firstfault.streams.up", "--partitions", "1", "--stop-timeout", "10",
+                             "-v"],                  # -v: the supervisor's lines on stderr, asserted below
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     err_lines: list[str] = []
@@ -323,13 +331,13 @@ def test_up_starts_supervises_and_stops_cleanly(tmp_path):
         text = "".join(out)
         assert out and out[-1].startswith("ready"), text + "".join(err_lines)
         assert re.search(r"broker 127\.0\.0\.1:\d+ \(embedded Tansu", text)
-        assert "redis   none" in text and "firstfault diagnoses --follow" in text and "firstfault ship" in text
-        pids = {name: int(pid) for name, pid in re.findall(r"(?:worker  (\S+)\s+|Tansu )pid (\d+)", text)}
+        assert "store     memory" in text and "firstfault diagnoses --follow" in text and "firstfault ship" in text
+        pids = {name: int(pid) for name, pid in re.findall(r"(?:worker\s+(\S+)\s+|Tansu )pid (\d+)", text)}
         pids = {(name or "broker"): pid for name, pid in pids.items()}
         assert {"broker", "extractor-1", "correlator"} <= set(pids)
 
         # The printed way in works: ship a bundle, its diagnosis comes out of the pipeline.
-        bootstrap = re.search(r"FIRSTFAULT_KAFKA_BOOTSTRAP=(\S+)", text)[1]
+        bootstrap = re.search(r"broker (\S+) \(embedded", text)[1]
         cfg = StreamConfig(bootstrap=bootstrap, prefix=env["FIRSTFAULT_TOPIC_PREFIX"], partitions=1)
         ship(OOM, cfg)
         offline = analyze_path(OOM).diagnosis

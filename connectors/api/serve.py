@@ -77,6 +77,14 @@ def serve_main(argv: Sequence[str] | None = None, *, factory: str = DEFAULT_FACT
     except (ValueError, CatalogError) as exc:
         print(f"firstfault serve: {exc}", file=sys.stderr)
         return 2
+    if settings.redis_url:            # a wrong store is one line now, not a 500 on every request
+        from firstfault.streams.reach import Unreachable, check_redis
+
+        try:
+            check_redis(settings.redis_url, f"check --redis-url or {env_name('redis_url')}")
+        except Unreachable as exc:
+            print(f"firstfault serve: {exc}", file=sys.stderr)
+            return 2
     if not settings.auth_enabled and not is_loopback(settings.host):
         print(f"firstfault serve: refusing to listen on {settings.host}: no tokens are configured, so the "
               f"service would be open to anyone. Set {env_name('read_tokens')} / {env_name('write_tokens')} "

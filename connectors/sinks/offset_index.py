@@ -8,9 +8,11 @@ hour containing ``since`` or any later hour and filters on the record timestamp.
 Taking the minimum over later hours too keeps the start safe when producer clocks
 put a later offset in an earlier hour.
 
-Layout: one sorted set per topic, ``{prefix}offset-index:{topic}``, member
+Layout: one sorted set per topic, ``{redis_prefix}offset-index:{topic}``, member
 ``"{partition}:{bucket}"``, score = first offset. ``ZADD LT`` keeps the minimum
-across processes and restarts without a script.
+across processes and restarts without a script. The key starts with
+``FIRSTFAULT_REDIS_PREFIX`` like every key firstfault writes (two deployments
+can share a Redis), and names the full topic (its topic prefix included).
 
 ``note()`` is a dict update; ``flush()`` sends only what is new (in steady state one
 member per partition per hour) in one pipeline, and never raises: an index outage
@@ -21,8 +23,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import redis
+
+if TYPE_CHECKING:
+    from firstfault.streams.config import StreamConfig
 
 log = logging.getLogger("firstfault.offset_index")
 
@@ -32,7 +38,7 @@ HOUR_MS = 3_600_000
 class OffsetIndex:
     """First offset per (topic, partition, time bucket); disabled when ``redis_url`` is None."""
 
-    def __init__(self, redis_url: str | None, prefix: str = "firstfault.", bucket_ms: int = HOUR_MS,
+    def __init__(self, redis_url: str | None, prefix: str = "firstfault:", bucket_ms: int = HOUR_MS,
                  flush_interval_s: float = 1.0) -> None:
         self.prefix = prefix
         self.bucket_ms = bucket_ms
@@ -44,6 +50,11 @@ class OffsetIndex:
         self._sent: dict[tuple[str, int, int], int] = {}
         self._next_flush = time.monotonic() + flush_interval_s
         self._failures = 0
+
+    @classmethod
+    def for_config(cls, cfg: StreamConfig, **kwargs) -> OffsetIndex:
+        """The index of a ``StreamConfig``: its Redis (None: disabled) under its Redis key prefix."""
+        return cls(cfg.redis_url, cfg.redis_prefix, **kwargs)
 
     @property
     def enabled(self) -> bool:

@@ -1,0 +1,125 @@
+"""`firstfault up` with nothing set: it says "ready" only once its workers joined their groups, announces
+itself in the run file, keeps worker chatter in its log file, and a second terminal needs no variable.
+
+Everything is real: `up` starts the embedded Tansu broker; `ship` and `diagnoses` are run as a
+user runs them, as subprocesses with no FIRSTFAULT_KAFKA_BOOTSTRAP."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from firstfault.rules.engine import analyze_path
+from firstfault.streams import runfile
+
+ROOT = Path(__file__).resolve().parents[1]
+OOM = ROOT / "samples" / "host-oom-killer"
+
+
+def base_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
+    env["FIRSTFAULT_RUN_FILE"] = str(tmp_path / "run" / "up.json")
+    return env
+
+
+def cli(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "firstfault", *argv], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def groups_state(bootstrap: str, groups: list[str]) -> dict[str, str]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return {g: f.result().state.name for g, f in admin.describe_consumer_groups(groups, request_timeout=5).items()}
+
+
+def test_up_is_found_with_nothing_set_and_says_ready_only_once_the_groups_are_joined(tmp_path):
+    env = base_env(tmp_path)
+    tag = f"r{uuid.uuid4().hex[:8]}"
+    up_env = {**env, "FIRSTFAULT_TOPIC_PREFIX": f"{tag}.", "FIRSTFAULT_APP_ID": f"{tag}-correlator",
+              "FIRSTFAULT_EXTRACTOR_GROUP": f"{tag}-extractor", "FIRSTFAULT_GRACE_S": "1", "FIRSTFAULT_GRACE_CAP_S": "1"}
+    run_file = tmp_path / "run" / "up.json"
+    log_file = run_file.with_name("up.log")
+    # A stale run file from an `up` that was killed: replaced, not obeyed.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    runfile.write(runfile.RunInfo(bootstrap="127.0.0.1:1", pid=dead.pid, started_at="2026-01-01T00:00:00Z",
+                                  rules_version="old"), run_file)
+
+    proc = subprocess.Popen([sys.executable, "-m", "firstfault.streams.up", "--partitions", "1", "--stop-timeout", "10"],
+                            env=up_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    err_lines: list[str] = []
+    threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True).start()
+    try:
+        out: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            out.append(line)
+            if line.startswith("ready"):
+                break
+        text = "".join(out)
+        assert out and out[-1].startswith("ready"), text + "".join(err_lines)
+
+        # At "ready" both groups have joined, as the broker sees it.
+        info = runfile.read(run_file)
+        assert info is not None and info.pid == proc.pid and info.prefix == f"{tag}."
+        assert groups_state(info.bootstrap, [f"{tag}-correlator", f"{tag}-extractor"]) == {
+            f"{tag}-correlator": "STABLE", f"{tag}-extractor": "STABLE"}
+        assert info.redis == "memory" and info.log_file == str(log_file) and info.rules_version.startswith("sha256:")
+
+        # The short block says where everything is; the chatter went to the log file, not the terminal.
+        assert f"broker {info.bootstrap} (embedded Tansu" in text
+        assert f"log       {log_file}" in text and f"run file  {run_file}" in text and "store     memory" in text
+        assert "FIRSTFAULT_KAFKA_BOOTSTRAP" not in text          # nothing to export any more
+        assert err_lines == [], "".join(err_lines)
+        log = log_file.read_text()
+        assert "[^Worker]: Ready" in log and "assigned 1 partition(s)" in log   # Faust's and the extractor's lines
+
+        # A second terminal: no variable, the run file leads the way.
+        other = {**env}
+        shipped = cli(["ship", str(OOM)], other, tmp_path)
+        assert shipped.returncode == 0 and shipped.stderr == "", shipped.stderr
+        assert f"to {tag}.raw" in shipped.stdout
+        offline = analyze_path(OOM).diagnosis
+        deadline, got = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            listed = cli(["diagnoses", "--all", "--json"], other, tmp_path)
+            assert listed.returncode == 0, listed.stderr
+            got = [json.loads(x) for x in listed.stdout.splitlines() if x.strip()]
+            if any(not d["provisional"] and d["diagnosis_id"] == offline.diagnosis_id for d in got):
+                break
+            time.sleep(1.0)
+        finals = [d for d in got if not d["provisional"]]
+        assert finals and finals[-1]["diagnosis_id"] == offline.diagnosis_id, got
+        assert finals[-1]["sub_domain"] == offline.sub_domain == "host_oom"
+
+        # A second `up` on the same run file refuses at once, in one line.
+        second = subprocess.run([sys.executable, "-m", "firstfault.streams.up"], env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=30)
+        assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1, second.stderr
+        assert f"already running (pid {proc.pid}" in second.stderr
+        assert runfile.read(run_file).pid == proc.pid                  # and did not touch the first's
+
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not run_file.exists()                                      # removed on a clean stop
+    assert err_lines == [], "".join(err_lines)
+    assert re.search(r"up INFO stopped correlator", log_file.read_text())
+    gone = cli(["diagnoses"], env, tmp_path)
+    assert gone.returncode == 2 and gone.stderr.strip() == f"firstfault: {runfile.NO_BROKER}"
