@@ -36,7 +36,7 @@ _PATH_KEYS = ("path", "file", "filename", "log_file", "_path")
 _LINE_KEYS = ("line", "lineno", "offset_line", "line_number")
 
 
-_SOURCES = ("app", "syslog", "fabricmanager")
+_SOURCES = ("app", "syslog", "fabricmanager", "scheduler")
 # Where distributions and NVIDIA's packages write node-scoped logs (basename -> source),
 # also once rotated: syslog.1, messages-20261102, kern.log.2.gz.
 _NODE_FILES = {"syslog": "syslog", "messages": "syslog", "kern.log": "syslog", "kern": "syslog",
@@ -50,7 +50,8 @@ def bundle_path(host: str | None, path: str | None, source: str | None = None) -
 
     Bundle paths pass through. Otherwise the source is the declared one, else the
     file's well-known name, else ``app``; a host's syslog or Fabric Manager log becomes
-    ``logs/<source>/<host>.log``, an application file ``logs/app/<host>.<name>.log``
+    ``logs/<source>/<host>.log``, a scheduler log ``logs/scheduler/<name>.log``, an
+    application file ``logs/app/<host>.<name>.log``
     (the engine finds the host in the name before the first dot).
     """
     if source is not None and source not in _SOURCES:
@@ -61,6 +62,11 @@ def bundle_path(host: str | None, path: str | None, source: str | None = None) -
     if source is None:
         source = _NODE_FILES.get(_ROTATED.sub("", name, count=1)) or (
             "syslog" if path and "/journal/" in path else "syslog" if not path else "app")
+    if source == "scheduler":
+        # The workload's scheduler log (slurmctld lines, `kubectl get events`): not a node's, so
+        # named by its file; it reaches a workload only with a workload_id (header or field).
+        stem = PurePosixPath(name).stem or host or "scheduler"
+        return f"logs/scheduler/{stem}.log", source
     if source != "app":
         if not host:
             raise RecordError(f"a {source} line with no host")

@@ -165,7 +165,12 @@ class ExtractorCore:
         return ex
 
     def _when(self, rec: RawLine, ts_ms: int) -> datetime | None:
-        anchor = datetime.fromtimestamp(ts_ms / 1000, timezone.utc) if ts_ms > 0 else datetime.now(timezone.utc)
+        # A shipper that read the line after the fact (``firstfault ship``, a backfill) says when
+        # it belongs in ``ingest_ts``; a live shipper's record time is close enough.
+        if rec.ingest_ts is not None:
+            anchor = rec.ingest_ts if rec.ingest_ts.tzinfo else rec.ingest_ts.replace(tzinfo=timezone.utc)
+        else:
+            anchor = datetime.fromtimestamp(ts_ms / 1000, timezone.utc) if ts_ms > 0 else datetime.now(timezone.utc)
         head = read_head(rec.text, StampContext(zone=timezone.utc, anchor=anchor))
         return head.stamp or anchor
 
@@ -564,7 +569,7 @@ class ExtractorWorker:
         # Replay's time -> offset index, for brokers whose time index is wrong (Tansu).
         from firstfault.connectors.sinks.offset_index import OffsetIndex
 
-        self.offsets = OffsetIndex(cfg.redis_url, prefix=cfg.prefix)
+        self.offsets = OffsetIndex.for_config(cfg)
         self._stop = False
 
     def stop(self, *_: object) -> None:

@@ -23,6 +23,8 @@ def worker_env(cfg, tmp: Path, **extra: str) -> dict:
                FIRSTFAULT_WATERMARK_WAIT_S=str(cfg.watermark_wait_s),
                FIRSTFAULT_WATERMARK_MARGIN_S=str(cfg.watermark_margin_s),
                TMPDIR=str(tmp), **extra)
+    if cfg.redis_url:            # the diagnoses store and the offset index, under the test's own key prefix
+        env.update(FIRSTFAULT_REDIS_URL=cfg.redis_url, FIRSTFAULT_REDIS_PREFIX=cfg.redis_prefix)
     return env
 
 
