@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,3 +123,23 @@ def drain(cfg, topic: str, want, timeout: float = 40.0) -> list:
     finally:
         c.close()
     return got
+
+
+def start_up(env: dict, cwd, *extra: str, timeout: float = 60.0):
+    """`firstfault up` in its own process group, read until it prints `ready`:
+    (process, what it printed on stdout, the list its stderr lines keep arriving in)."""
+    proc = subprocess.Popen([sys.executable, "-m", "firstfault.streams.up", "--partitions", "1", "--stop-timeout", "10",
+                             *extra], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    err_lines: list[str] = []
+    threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True).start()
+    out: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        out.append(line)
+        if line.startswith("ready"):
+            break
+    return proc, "".join(out), err_lines

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +26,7 @@ from firstfault.schemas import Diagnosis
 from firstfault.schemas.avro import decode, encode
 from firstfault.streams import follow, kafka, replay, up
 from firstfault.streams.config import StreamConfig
+from stream_pipeline import start_up
 
 ROOT = Path(__file__).resolve().parents[1]
 OOM = ROOT / "samples" / "host-oom-killer"
@@ -312,24 +312,9 @@ def test_up_starts_supervises_and_stops_cleanly(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
     env.update(FIRSTFAULT_TOPIC_PREFIX=f"t{uuid.uuid4().hex[:8]}.", FIRSTFAULT_GRACE_S="1", FIRSTFAULT_GRACE_CAP_S="1",
                FIRSTFAULT_RUN_FILE=str(tmp_path / "up.json"))
-    proc = subprocess.Popen([sys.executable, "-m", "firstfault.streams.up", "--partitions", "1", "--stop-timeout", "10",
-                             "-v"],                  # -v: the supervisor's lines on stderr, asserted below
-                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    err_lines: list[str] = []
-    threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True).start()
+    proc, text, err_lines = start_up(env, tmp_path, "-v", timeout=30)   # -v: the supervisor's lines on stderr
     try:
-        out = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            out.append(line)
-            if line.startswith("ready"):
-                break
-        text = "".join(out)
-        assert out and out[-1].startswith("ready"), text + "".join(err_lines)
+        assert text.splitlines()[-1:] and text.splitlines()[-1].startswith("ready"), text + "".join(err_lines)
         assert re.search(r"broker 127\.0\.0\.1:\d+ \(embedded Tansu", text)
         assert "store     memory" in text and "firstfault diagnoses --follow" in text and "firstfault ship" in text
         pids = {name: int(pid) for name, pid in re.findall(r"(?:worker\s+(\S+)\s+|Tansu )pid (\d+)", text)}

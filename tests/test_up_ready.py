@@ -11,13 +11,13 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 
 from firstfault.rules.engine import analyze_path
 from firstfault.streams import runfile
+from stream_pipeline import start_up
 
 ROOT = Path(__file__).resolve().parents[1]
 OOM = ROOT / "samples" / "host-oom-killer"
@@ -54,23 +54,9 @@ def test_up_is_found_with_nothing_set_and_says_ready_only_once_the_groups_are_jo
     runfile.write(runfile.RunInfo(bootstrap="127.0.0.1:1", pid=dead.pid, started_at="2026-01-01T00:00:00Z",
                                   rules_version="old"), run_file)
 
-    proc = subprocess.Popen([sys.executable, "-m", "firstfault.streams.up", "--partitions", "1", "--stop-timeout", "10"],
-                            env=up_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    err_lines: list[str] = []
-    threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True).start()
+    proc, text, err_lines = start_up(up_env, ROOT)
     try:
-        out: list[str] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            out.append(line)
-            if line.startswith("ready"):
-                break
-        text = "".join(out)
-        assert out and out[-1].startswith("ready"), text + "".join(err_lines)
+        assert text.splitlines()[-1:] and text.splitlines()[-1].startswith("ready"), text + "".join(err_lines)
 
         # At "ready" both groups have joined, as the broker sees it.
         info = runfile.read(run_file)
