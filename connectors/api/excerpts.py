@@ -16,6 +16,7 @@ from firstfault.schemas import Diagnosis, Ref
 RADIUS = 20
 MAX_REFS = 200                  # references kept per diagnosis (the root and candidates first)
 MAX_LINE_CHARS = 2000           # a kept line is cut here, with an ellipsis
+MAX_KEPT_CHARS = 1 << 20        # per diagnosis: past it, later windows are not kept (the page says so)
 
 
 def references(d: Diagnosis) -> list[Ref]:
@@ -64,6 +65,7 @@ def excerpts(bundle: Bundle, d: Diagnosis) -> dict[str, dict[str, str]]:
     """{path: {line number: text}} for the windows around the diagnosis' references."""
     wanted = _windows(references(d))
     out: dict[str, dict[str, str]] = {}
+    budget = MAX_KEPT_CHARS
     for f in bundle.files:
         spans = wanted.get(f.path)
         if not spans:
@@ -77,18 +79,21 @@ def excerpts(bundle: Bundle, d: Diagnosis) -> dict[str, dict[str, str]]:
                 n += 1
                 while i < len(spans) and n > spans[i][1]:
                     i += 1
-                if i < len(spans) and spans[i][0] <= n:
-                    kept[str(n)] = _text(raw)
-            if n >= last:
+                if i < len(spans) and spans[i][0] <= n and budget > 0:
+                    kept[str(n)] = text = _text(raw)
+                    budget -= len(text)
+            if n >= last or budget <= 0:
                 break
         else:
             if rest and n + 1 <= last:
                 n += 1
                 while i < len(spans) and n > spans[i][1]:
                     i += 1
-                if i < len(spans) and spans[i][0] <= n:
-                    kept[str(n)] = _text(rest)
-        out[f.path] = kept
+                if i < len(spans) and spans[i][0] <= n and budget > 0:
+                    kept[str(n)] = text = _text(rest)
+                    budget -= len(text)
+        if kept:
+            out[f.path] = kept
     return out
 
 
@@ -101,10 +106,12 @@ def context(d: Diagnosis, kept: dict[str, dict[str, str]] | None, path: str, lin
     """What the line page shows for one reference: the kept lines around it, or, when the
     diagnosis came without its bundle (the stream keeps no bundle), the line itself if known."""
     body = {"workload_id": d.workload_id, "attempt": d.attempt, "path": path, "line": line}
-    if kept is not None and path in kept:
+    if kept is not None and path in kept and str(line) in kept[path]:
         return {**body, "source": "bundle", "lines": [{"line": n, "text": t} for n, t in window(kept[path], line)]}
     known = d.root_cause.text if d.root_cause is not None and (d.root_cause.ref.path, d.root_cause.ref.line) == (path, line) else None
     note = ("the lines around it were not kept: only diagnoses posted to /v1/analyze keep them "
-            "(the stream stores the diagnosis, not the logs)")
+            "(the stream stores the diagnosis, not the logs)" if kept is None else
+            "the lines around it were not kept: a diagnosis keeps the context of its first "
+            f"{MAX_REFS} references, up to {MAX_KEPT_CHARS >> 20} MiB")
     return {**body, "source": "diagnosis" if known is not None else "none", "note": note,
             "lines": [{"line": line, "text": known}] if known is not None else []}
