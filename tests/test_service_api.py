@@ -633,3 +633,15 @@ async def test_the_upload_form_diagnoses_an_archive_or_a_log_file_and_redirects_
     assert r.status_code == 422 and "empty" in error_of(r)["message"]
     r = await c.post("/v1/analyze", data={"note": "no file"}, files={"other": ("", b"", "text/plain")})
     assert r.status_code == 422
+
+
+async def test_context_kept_per_diagnosis_is_bounded_and_a_missing_one_says_why(make_client, monkeypatch):
+    from firstfault.connectors.api import excerpts as ex
+    monkeypatch.setattr(ex, "MAX_KEPT_CHARS", 300)
+    c = make_client()
+    d = Diagnosis.model_validate_json((await c.post("/v1/analyze", json=payload(WORKED))).text)
+    kept = c.app.state.ctx.store.lines(d.diagnosis_id)
+    assert sum(len(t) for lines in kept.values() for t in lines.values()) < 300 + ex.MAX_LINE_CHARS
+    missing = next(s.sample for s in d.symptoms if s.sample.path not in kept or str(s.sample.line) not in kept[s.sample.path])
+    got = (await c.get("/v1/lines/slurm-4471823", params={"path": missing.path, "line": missing.line})).json()
+    assert got["source"] == "none" and "first 200 references" in got["note"]
