@@ -9,20 +9,26 @@ still run. In one run, on one generated job (bench/gen_bundle.py, ~97 % noise):
 
 * ``consume_ceiling``: confluent-kafka ``consume(num_messages=batch)`` over the raw
   topic from offset 0 (assign, no group): the yardstick no worker can beat;
-* ``decode``: ``decode_raw`` of the Avro RawLine values, in process;
+* ``decode``: ``decode_raw`` of the Avro RawLine values one by one, in process;
+* ``decode_batch``: ``raw_lines`` over consume-sized batches, as the extractor worker decodes;
 * ``extractor_core``: ``ExtractorCore.handle`` on decoded records, in process;
 * ``extractor_worker``: the whole ``ExtractorWorker`` loop (consume, decode, extract,
   produce EventBatches, commit) fed from the topic, in process;
 * ``correlator``: one correlator worker process on pre-produced EventBatches of
   ``--copies`` copies of the job, rate from its committed offsets (commit interval 0.2 s);
 * ``latency``: end event -> final diagnosis over ``--workloads`` attempts whose
-  evidence the correlator already holds; p50/p99, raw and beyond the grace.
+  start and evidence the correlator already holds; p50/p99, raw and beyond the grace.
+
+The job's records are frozen out of the garbage collector before measuring (they are this
+script's data; a worker process does not hold them), and the in-process worker freezes its
+start-up heap as ``ExtractorWorker.run()`` does.
 
 The broker, the workers and this script share the machine's cores: rates are floors.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -45,9 +51,9 @@ from firstfault.schemas import EventBatch, RawLine, SchedulerEvent, WorkloadReco
 from firstfault.schemas.avro import decode, encode
 from firstfault.streams import kafka
 from firstfault.streams.broker import EmbeddedBroker
-from firstfault.streams.codecs import decode_raw
+from firstfault.streams.codecs import decode_raw, raw_lines
 from firstfault.streams.config import StreamConfig
-from firstfault.streams.extractor import ExtractorCore, ExtractorWorker
+from firstfault.streams.extractor import ExtractorCore, ExtractorWorker, freeze_startup_heap
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
@@ -142,6 +148,15 @@ def m_decode(base: StreamConfig, job: Job) -> dict[str, Any]:
     return {"records": len(job.values), "seconds": round(secs, 3), "records_per_s": rate(len(job.values), secs)}
 
 
+def m_decode_batch(base: StreamConfig, job: Job) -> dict[str, Any]:
+    """What the worker runs: ``raw_lines`` over consume-sized batches (one pass, no per-record dispatch)."""
+    t0 = time.perf_counter()
+    for i in range(0, len(job.values), base.batch):
+        raw_lines(job.values[i:i + base.batch])
+    secs = time.perf_counter() - t0
+    return {"records": len(job.values), "seconds": round(secs, 3), "records_per_s": rate(len(job.values), secs)}
+
+
 def m_extractor_core(base: StreamConfig, job: Job) -> dict[str, Any]:
     core = ExtractorCore(base, load_catalog(base.rules))
     core.timeline.apply(job.end_event())
@@ -162,6 +177,7 @@ def m_extractor_worker(base: StreamConfig, job: Job) -> dict[str, Any]:
     ship_job(cfg, job)
     t0 = time.perf_counter()
     worker = ExtractorWorker(cfg)
+    freeze_startup_heap()                  # as ExtractorWorker.run() does before its loop
     first = None
     deadline = time.monotonic() + 300
     try:
@@ -312,6 +328,7 @@ def m_latency(base: StreamConfig, job: Job, workloads: int, interval_s: float, t
     ends: dict[str, int] = {}
     try:
         worker.wait_committed(cfg, cfg.topic("events"), len(wids), timeout=300)   # the evidence is in state
+        worker.wait_committed(cfg, cfg.topic("scheduler"), len(wids), timeout=300)   # and the starts
         prod = kafka.producer(cfg, **{"linger.ms": 0})
         for w in wids:
             wl = _copy(job.workload, w)
@@ -371,9 +388,14 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         job = Job(job_bundle(args.nodes, args.lines))
         results["prepare_s"] = round(time.perf_counter() - t0, 2)
+        # The job's records are this script's, not a worker's: out of the garbage collector's sight,
+        # or every full collection in an in-process measurement would walk them (a worker's heap has none).
+        gc.collect()
+        gc.freeze()
         plan: dict[str, Callable[[], dict[str, Any]]] = {
             "consume_ceiling": lambda: m_consume_ceiling(base, job),
             "decode": lambda: m_decode(base, job),
+            "decode_batch": lambda: m_decode_batch(base, job),
             "extractor_core": lambda: m_extractor_core(base, job),
             "extractor_worker": lambda: m_extractor_worker(base, job),
             "correlator": lambda: m_correlator(base, job, args.copies, tmp),

@@ -49,6 +49,9 @@ PUBLISH_ERRORS = "firstfault_publish_errors_total"                    # counter:
 POISON_RECORDS = "firstfault_poison_records_total"                    # counter: worker, stage (POISON_STAGES)
 # Ended attempts past their grace whose final waits for the extractors to read the raw topic that far.
 WORKLOADS_AWAITING_EXTRACTORS = "firstfault_workloads_awaiting_extractors"   # gauge
+# The rule catalog a worker runs (streams/rules_feed.py): 1 on its current version; catalogs it refused.
+RULES_VERSION_INFO = "firstfault_rules_version_info"                  # gauge: worker, rules_version
+RULES_LOAD_FAILURES = "firstfault_rules_load_failures_total"          # counter: worker
 POISON_STAGES = ("decode", "extract", "encode", "publish", "timeline", "process", "decide")
 
 # --- scheduler connectors (slurm, kubernetes)
@@ -69,9 +72,11 @@ RECOVERY_DECISIONS = "firstfault_recovery_decisions_total"            # counter:
 
 EXPORTED_BY: dict[str, tuple[str, ...]] = {
     "service": (HTTP_REQUESTS, HTTP_REQUEST_DURATION, API_DIAGNOSES),
-    "extractor": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, POISON_RECORDS, PUBLISH_ERRORS),
+    "extractor": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, POISON_RECORDS, PUBLISH_ERRORS,
+                  RULES_VERSION_INFO, RULES_LOAD_FAILURES),
     "correlator": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, POISON_RECORDS, STREAM_DIAGNOSES,
-                   FINALIZATION_LATENCY, WORKLOADS_OPEN, WORKLOADS_AWAITING_EXTRACTORS, PUBLISH_ERRORS),
+                   FINALIZATION_LATENCY, WORKLOADS_OPEN, WORKLOADS_AWAITING_EXTRACTORS, PUBLISH_ERRORS,
+                   RULES_VERSION_INFO, RULES_LOAD_FAILURES),
     "slurm": (SCHEDULER_EVENTS, CONNECTOR_ERRORS, CONNECTOR_LAST_SUCCESS),
     "kubernetes": (SCHEDULER_EVENTS, CONNECTOR_ERRORS, CONNECTOR_LAST_SUCCESS),
     "alerts": (ALERT_QUEUE_DEPTH, ALERT_OLDEST_AGE, ALERTS_SENT, ALERT_ATTEMPT_FAILURES, ALERTS_DROPPED, ALERTS_SKIPPED),

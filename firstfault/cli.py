@@ -218,8 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.register(sub)        # up, topology
     follow.register(sub)    # diagnoses
     replay.register(sub)    # replay
+    from firstfault.streams import node_health
 
-    rules = sub.add_parser("rules", help="test, lint and list the rule catalog")
+    node_health.register(sub)   # nodes
+
+    rules = sub.add_parser("rules", help="test, lint and list the rule catalog; publish, shadow, promote and roll it back")
     rsub = rules.add_subparsers(dest="rules_command", required=True)
     for name, fn, helptext in (("test", cmd_rules_test, "run every rule's own examples: the real lines that must and must not fire it"),
                                ("lint", cmd_rules_lint, "check the catalog: format, taxonomy, kinds and fields a rule names, linear-time regexes that cannot backtrack"),
@@ -230,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "test":
             rp.add_argument("--only", help="only rules whose id starts with this")
         rp.set_defaults(fn=fn)
+    from firstfault.streams import rules_cli
+
+    rules_cli.register(rsub, _connect, _add_stream_flags)     # publish, shadow, promote, rollback
     _describe(sub)
     _describe(rsub)
     return parser

@@ -40,7 +40,8 @@ class StreamConfig(BaseModel):
     def topics(self) -> dict[str, str]:
         """Logical name -> topic; every topic firstfault reads or writes."""
         return {n: self.topic(n) for n in ("raw", "scheduler", "events", "diagnoses", "deadletter",
-                                          "node-history", "diagnoses-replay", "progress")}
+                                          "node-history", "diagnoses-replay", "progress", "rules",
+                                          "diagnoses-shadow", "node-health")}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "StreamConfig":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import logging
 import os
 import shutil
@@ -45,6 +46,7 @@ import faust
 from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
 
 from firstfault.connectors import metrics_names as M
+from firstfault.rules.attempts import escalate
 from firstfault.rules.catalog import Catalog, load_catalog
 from firstfault.rules.errors import RecordError
 from firstfault.schemas import DeadLetter
@@ -52,8 +54,9 @@ from firstfault.schemas.avro import EncodeError, encode
 
 from .codecs import decode_batch, decode_scheduler
 from .config import StreamConfig
-from .health import Health, LagSeries, port_from_env
+from .health import Health, LagSeries, RulesMetrics, port_from_env
 from .progress import ProgressView
+from .rules_feed import RulesFollower
 from .workload_state import (
     Now, Wake, WorkloadState, apply_scheduler, decide, expired, merge_batch, new_state, next_wake, settle,
     state_key,
@@ -65,7 +68,10 @@ TABLE = "workloads"
 STATS_EVERY_S = 60.0
 # How often due states are looked for: the finalization latency beyond the grace is about
 # half of it. A look is a dict walk with a cached wake per state, cheap at thousands of states.
-TICK_S = 0.25
+TICK_S = 0.1
+FETCH_MAX_WAIT_MS = 100       # the longest a fetch waits on the broker for new input (Faust: 1500)
+TAKE_MAX = 200                # EventBatch records per window of the events agent
+TAKE_WITHIN_S = 0.05          # how long a window waits to fill when input is sparse
 HEALTH_EVERY_S = 2.0          # the health timer: heartbeat, readiness; lag every LAG_EVERY_S
 LAG_EVERY_S = 5.0
 STALE_AFTER_S = 60.0          # /healthz: the event loop did not run the health timer for this long
@@ -131,6 +137,7 @@ class Correlator:
         # key -> (the raw value it was computed from, wake, partition): the timer re-parses a
         # state only when its value changed or it is due.
         self._wakes: dict[str, tuple[str, Wake | None, int | None]] = {}
+        self._parsed: dict[str, tuple[str, WorkloadState]] = {}    # key -> (raw, that state parsed): _load
         self._last_stats = 0.0
         self.health = Health(self.metrics.registry, "correlator", stale_after_s=STALE_AFTER_S, startup_s=STARTUP_S)
         self.health.not_ready("starting: joining the group and recovering the table")
@@ -142,6 +149,7 @@ class Correlator:
         self._progress_reader: Any = None
         self._awaiting: set[str] = set()         # keys whose final waits for the extractors
         self._failing: dict[str, Any] = {}       # key -> the raw state decide raised on (not retried as is)
+        self.rules = RulesFollower(cfg, "correlator", catalog, RulesMetrics(self.metrics.registry))
 
     # ------------------------------------------------------------ clocks and table
 
@@ -235,20 +243,30 @@ class Correlator:
         raw = self.table.data.get(key)
         if raw is None:
             return None, None
+        # The state saved last is kept parsed (parsing a state with hundreds of events cost more than
+        # merging a batch into it). Taken out of the cache: a handler that fails half-way leaves no
+        # half-mutated object behind, the next load parses the stored value again.
+        cached = self._parsed.pop(key, None)
+        if cached is not None and cached[0] is raw:
+            return cached[1], raw
         raw = raw.decode() if isinstance(raw, bytes) else raw
         return WorkloadState.model_validate_json(raw), raw
 
     def _save(self, st: WorkloadState, before: str | None = None) -> None:
         raw = st.model_dump_json()
         if raw == before:                        # e.g. a redelivered record: nothing to log
+            if before is not None and self.table.data.get(st.key) is before:
+                self._parsed[st.key] = (before, st)
             return
         self.table.data[st.key] = raw
         self.table.send_changelog(st.partition, st.key, raw)
         self._wakes[st.key] = (raw, next_wake(st, self.cfg), st.partition)
+        self._parsed[st.key] = (raw, st)
 
     def _delete(self, st: WorkloadState) -> None:
         self.table.data.pop(st.key, None)
         self._wakes.pop(st.key, None)
+        self._parsed.pop(st.key, None)
         self.table.send_changelog(st.partition, st.key, None, value_serializer="raw")
         self.counts["expired"] += 1
 
@@ -258,13 +276,69 @@ class Correlator:
         self._saw(message, "events")
         batch = decode_batch(message.value)
         async with self.lock:
-            st, before = self._load(state_key(batch.workload_id, batch.attempt))
-            st = st or new_state(batch.workload_id, batch.attempt, self.now().wall)
-            st.partition = message.partition
-            # EARLY rules and diagnose are CPU work: off the loop, so heartbeats keep flowing.
-            applied = await asyncio.to_thread(merge_batch, st, batch, self.catalog, message.offset, self.now().wall)
-            self.counts["batches" if applied else "batches_skipped"] += 1
-            await self._step(st, before)
+            st = await self._merge_group(state_key(batch.workload_id, batch.attempt), [(message, batch)])
+            await self._publish_all([st] if st is not None else [])
+
+    async def on_batches(self, messages: Sequence[Any]) -> None:
+        """Many EventBatch records at once (``take_events``): per workload attempt one load, its
+        batches merged in offset order, one decision and one save; then the window's diagnoses are
+        published together (their deliveries overlap). A debounce: the merge is order-free, so the
+        evidence and the final diagnosis are the same; fewer provisional looks in between.
+        A record that does not decode is dead-lettered alone; a group that fails is done again
+        record by record, so only the culprit is refused."""
+        groups: dict[str, list[tuple[Any, Any]]] = {}
+        for m in messages:
+            try:
+                batch = decode_batch(m.value)
+            except Exception:
+                await self.guarded(self.on_batch, m)     # dead-lettered with the reason, as alone
+                continue
+            groups.setdefault(state_key(batch.workload_id, batch.attempt), []).append((m, batch))
+        async with self.lock:
+            due: dict[str, WorkloadState] = {}           # states with an outbox to publish
+            for key, items in groups.items():
+                for m, _ in items:
+                    self._saw(m, "events")
+                try:
+                    st = await self._merge_group(key, items)
+                except Exception as exc:
+                    if len(items) == 1:
+                        await self._refuse(items[0][0], exc)
+                        continue
+                    log.warning("merging %d batches of %s at once failed: one by one", len(items), key)
+                    for item in items:
+                        try:
+                            st = await self._merge_group(key, [item])
+                        except Exception as one_exc:
+                            await self._refuse(item[0], one_exc)
+                            continue
+                        if st is not None:
+                            due[key] = st
+                    continue
+                if st is not None:
+                    due[key] = st
+            await self._publish_all(list(due.values()))
+
+    async def _merge_group(self, key: str, items: list[tuple[Any, Any]]) -> WorkloadState | None:
+        """Merge one attempt's batches (same key, so one partition, offsets ascending) and decide.
+        Caller holds the lock; returns the state when it has diagnoses to publish."""
+        st, before = self._load(key)
+        st = st or new_state(items[0][1].workload_id, items[0][1].attempt, self.now().wall)
+        st.partition = items[-1][0].partition
+        wall = self.now().wall
+        # EARLY rules and diagnose are CPU work: off the loop, so heartbeats keep flowing.
+        applied = await asyncio.to_thread(lambda: [merge_batch(st, b, self.catalog, m.offset, wall) for m, b in items])
+        self.counts["batches"] += sum(applied)
+        self.counts["batches_skipped"] += len(applied) - sum(applied)
+        await self._step(st, before, publish=False)
+        return st if st.pending else None
+
+    async def _publish_all(self, states: list[WorkloadState]) -> None:
+        """Each state's outbox; several at once, so their flushes and deliveries overlap. Caller holds the lock."""
+        if len(states) == 1:
+            await self._publish(states[0])
+        elif states:
+            await asyncio.gather(*(self._publish(st) for st in states))
 
     async def on_scheduler(self, message: Any) -> None:
         self._saw(message, "scheduler")
@@ -283,12 +357,17 @@ class Correlator:
         """Run a handler; a record it cannot use goes to the dead-letter topic. Never raises."""
         try:
             await handler(message)
-        except RecordError as exc:
-            await self.dead_letter(message, str(exc), step="decode")
         except Exception as exc:  # a bug must cost one record, not the agent
-            log.exception("correlator failed on %s[%s]@%s", message.topic, message.partition, message.offset)
-            await self.dead_letter(message, f"correlator error: {type(exc).__name__}: {str(exc)[:500]}",
-                                   step="process")
+            await self._refuse(message, exc)
+
+    async def _refuse(self, message: Any, exc: Exception) -> None:
+        if isinstance(exc, RecordError):
+            await self.dead_letter(message, str(exc), step="decode")
+            return
+        log.error("correlator failed on %s[%s]@%s", message.topic, message.partition, message.offset,
+                  exc_info=exc)
+        await self.dead_letter(message, f"correlator error: {type(exc).__name__}: {str(exc)[:500]}",
+                               step="process")
 
     async def dead_letter(self, message: Any, reason: str, step: str = "decode") -> None:
         """The record, or its head, size and SHA-256 when large, on the dead-letter topic; never raises."""
@@ -310,13 +389,13 @@ class Correlator:
 
     # ------------------------------------------------------------ decisions and publishing
 
-    async def _step(self, st: WorkloadState, before: str | None) -> None:
-        """Decide, then publish through the outbox. Caller holds the lock."""
+    async def _step(self, st: WorkloadState, before: str | None, publish: bool = True) -> None:
+        """Decide, then publish through the outbox (``publish=False``: the caller will). Caller holds the lock."""
         published = await asyncio.to_thread(decide, st, self.catalog, self.now(), self.cfg)
         if st.published is not None:
             self._awaiting.discard(st.key)
         self._save(st, before)
-        if st.pending:
+        if st.pending and publish:
             await self._publish(st)
         for d in published:
             kind = "provisional" if d.provisional else ("final" if d.revision == 0 else "revision")
@@ -330,6 +409,13 @@ class Correlator:
             for p in st.pending:
                 sink = "kafka"
                 if not p.sent:
+                    if self.store is not None and not p.diagnosis.provisional and p.diagnosis.attempt > 0:
+                        # Attempt N failing like N-1 escalates recovery (rules/attempts.py); idempotent, so a
+                        # retry after a crash gives the same diagnosis.
+                        sink = "redis"
+                        prev = await asyncio.to_thread(self.store.latest, st.workload_id, p.diagnosis.attempt - 1)
+                        p.diagnosis = escalate(p.diagnosis, prev)
+                        sink = "kafka"
                     try:
                         value = encode(p.diagnosis)
                     except EncodeError as exc:   # retrying cannot help: logged, counted, given up
@@ -380,6 +466,9 @@ class Correlator:
         """Finalize, revise-close, re-send pending and expire the states that are due."""
         if not self._ready():
             return
+        if (catalog := self.rules.poll()) is not None:     # a newly published catalog: between batches
+            async with self.lock:
+                self.catalog = catalog
         self.poll_progress()
         active = self._active_partitions()
         now = self.now()
@@ -406,6 +495,8 @@ class Correlator:
         live = set(self.table.data.keys())
         for key in set(self._wakes) - live:
             del self._wakes[key]
+        for key in set(self._parsed) - live:
+            del self._parsed[key]
         for key in set(self._failing) - live:
             del self._failing[key]
         self._awaiting &= live
@@ -495,11 +586,32 @@ def _faust_settings(cfg: StreamConfig) -> dict[str, Any]:
     return settings
 
 
+def _short_fetch_wait() -> None:
+    """Faust builds its aiokafka consumer with ``fetch_max_wait_ms=1500`` and no setting to change it.
+    A fetch that finds nothing waits that long on the broker; on Tansu a record produced meanwhile is
+    seen only in steps of about 250 ms (measured by bench_stream.py's latency), which is most of the
+    end -> final latency past the grace. Shorter fetches see it sooner, for a few more idle requests."""
+    from faust.transport.drivers import aiokafka as driver
+
+    make = driver.AIOKafkaConsumerThread._create_worker_consumer
+    if getattr(make, "_firstfault", False):
+        return
+
+    def create(self, transport):
+        consumer = make(self, transport)
+        consumer._fetch_max_wait_ms = min(consumer._fetch_max_wait_ms, FETCH_MAX_WAIT_MS)   # read at start()
+        return consumer
+
+    create._firstfault = True
+    driver.AIOKafkaConsumerThread._create_worker_consumer = create
+
+
 def make_app(cfg: StreamConfig, store: Any | None = None, tick_s: float = TICK_S) -> faust.App:
     """The correlator app. ``store``: a DiagnosisStore; by default one on ``cfg.redis_url`` if set.
 
     Creates no topics: run :func:`firstfault.streams.kafka.ensure_topics` first (``main`` does).
     """
+    _short_fetch_wait()
     if not cfg.bootstrap:
         raise ValueError("the correlator needs a broker: set FIRSTFAULT_KAFKA_BOOTSTRAP")
     if store is None and cfg.redis_url:
@@ -512,8 +624,13 @@ def make_app(cfg: StreamConfig, store: Any | None = None, tick_s: float = TICK_S
 
     @app.agent(core.events_topic, name="correlate-events")
     async def correlate_events(stream) -> None:
-        async for event in stream.events():
-            await core.guarded(core.on_batch, event.message)
+        # A few at a time: each attempt's batches in the window share one load, decision and save.
+        # Acked after the body ran (at least once); ``within`` bounds the wait when input is sparse.
+        async for events in stream.take_events(TAKE_MAX, within=TAKE_WITHIN_S):
+            try:
+                await core.on_batches([e.message for e in events])
+            except Exception:                                 # on_batches guards its records
+                log.exception("correlator failed on a window of %d batches", len(events))
 
     @app.agent(core.scheduler_topic, name="correlate-scheduler")
     async def correlate_scheduler(stream) -> None:
@@ -552,8 +669,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cfg.bootstrap:
         print("firstfault correlator: set FIRSTFAULT_KAFKA_BOOTSTRAP (host:port[,host:port])", file=sys.stderr)
         return 2
-    ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter", "progress")])
+    ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter", "progress", "rules")])
     app = make_app(cfg)
+    # Start-up's objects (Faust, the catalog) out of the collector's sight: full collections, which
+    # the states' many small objects trigger, no longer walk them again and again.
+    gc.collect()
+    gc.freeze()
     # /metrics, /healthz, /readyz. Unset, the default port is best effort: tests and `firstfault up`
     # run several workers on one host (up gives each its own port or 0).
     port, explicit = port_from_env()

@@ -19,6 +19,7 @@ the consumer group assigned this worker its partitions (none is fine: an idle sp
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -46,11 +47,12 @@ from firstfault.schemas import DeadLetter, EventBatch, RawLine
 from firstfault.schemas.avro import encode
 
 from . import kafka
-from .codecs import decode_raw, decode_scheduler
+from .codecs import decode_raw, decode_scheduler, raw_lines
 from .config import StreamConfig
-from .health import Health, LagSeries, port_from_env
+from .health import Health, LagSeries, RulesMetrics, port_from_env
 from .metrics_reader import MetricsReader
 from .progress import PROGRESS_EVERY_S, ProgressTracker, progress_key
+from .rules_feed import RulesFollower
 from .timeline import Allocation, AllocationTimeline
 
 log = logging.getLogger("firstfault.extractor")
@@ -59,7 +61,7 @@ LAG_EVERY_S = 5.0             # consumer lag is recomputed at most this often
 STALE_AFTER_S = 120.0         # /healthz: a loop turn may take a 30 s flush and a commit; this is stuck
 
 
-@dataclass
+@dataclass(slots=True)
 class Held:
     rec: RawLine
     ts_ms: int
@@ -149,6 +151,12 @@ class ExtractorCore:
         out, self.failures = self.failures, []
         return out
 
+    def use_catalog(self, catalog: Catalog) -> None:
+        """From the next batch on, extract with ``catalog`` (a newly published one: rules_feed.py)."""
+        probe = Extractor(catalog, _placeholder())
+        self.catalog, self.prefilter, self._generic = catalog, probe.prefilter, probe
+        self._extractors.clear()            # made again on demand, from the new catalog
+
     def _failed(self, exc: BaseException, step: str, rec: RawLine | None = None,
                 ref: tuple[str, int] | None = None) -> None:
         """One record must never stop the stream: note it and go on with the others."""
@@ -229,16 +237,22 @@ class ExtractorCore:
         return len(inside) + len(past) == len(open_)
 
     # ------------------------------------------------------------ a batch
-    def handle(self, records: list[tuple[RawLine, int]], now: float | None = None) -> dict[tuple[str, int], EventBatch]:
+    def handle(self, records: list[tuple[RawLine, int]], now: float | None = None,
+               texts: list[bytes | None] | None = None) -> dict[tuple[str, int], EventBatch]:
         """Extract a batch; returns one EventBatch per workload attempt (events merged).
 
-        A record that raises is left out and noted in ``failures``; the others go on.
+        ``texts``: each line's bytes when the caller has them already (the Avro decoder does);
+        None entries are made from the record. A record that raises is left out and noted in
+        ``failures``; the others go on.
         """
         now = time.monotonic() if now is None else now
         out: dict[tuple[str, int], EventSet] = {}
         paths: dict[tuple[str, int], set[str]] = {}
         stats = ExtractStats()
-        line_hits = self._scan([line_bytes(r) for r, _ in records])
+        if texts is None:
+            line_hits = self._scan([line_bytes(r) for r, _ in records])
+        else:
+            line_hits = self._scan([t if t is not None else line_bytes(r) for (r, _), t in zip(records, texts)])
         last_line: dict[str, int] = {}       # per file in this batch: the last line number seen
         settled: dict[str, bool] = {}        # per file: every workload it may feed is decided
         fed: set[tuple[str, int]] = set()
@@ -278,22 +292,26 @@ class ExtractorCore:
     def _one(self, rec: RawLine, ts_ms: int, anchor_hits, now: float, out: dict, paths: dict, fed: set,
              stats: ExtractStats, last_line: dict, settled: dict) -> None:
         host_key = rec.host or "?"
-        self.counters.by_host[host_key] = self.counters.by_host.get(host_key, 0) + 1
+        by_host = self.counters.by_host
+        by_host[host_key] = by_host.get(host_key, 0) + 1
         if (rec.source or source_of(rec.path)) == "metrics":
             self._metric_line(Held(rec, ts_ms, now), paths, fed)
             return
         # Which workloads a file feeds (the evidence inventory): routed once per run of
         # consecutive lines, again where the numbering jumps (another file, a rotation).
         key = _mem_key(rec)
-        if last_line.get(key) != rec.line - 1:
-            settled[key] = False
-        if not settled[key]:
+        line = rec.line
+        if last_line.get(key) != line - 1 or not settled[key]:
             settled[key] = self._credit(rec, ts_ms, now, paths)
-        last_line[key] = rec.line
-        if anchor_hits and not rec.workload_id:
-            self._remember(rec, ts_ms, now, candidate=True)
-        elif not rec.workload_id:
-            self._remember(rec, ts_ms, now, candidate=False)
+        last_line[key] = line
+        if not rec.workload_id:
+            if anchor_hits:
+                self._remember(rec, ts_ms, now, candidate=True)
+            else:                        # the common case, inlined: a file's latest line per host
+                files = self._recent_files.get(host_key)
+                if files is None:
+                    files = self._recent_files[host_key] = {}
+                files[key] = Held(rec, ts_ms, now)
         if anchor_hits:
             self.counters.candidates += 1
             allocs = self.route(rec, ts_ms)
@@ -301,7 +319,7 @@ class ExtractorCore:
                 self._hold(rec, ts_ms, now)
             else:
                 self._extract(rec, anchor_hits, allocs, out, stats)
-        self.memory.add(_mem_key(rec), rec.line, rec.text)
+        self.memory.add(key, line, rec.text)
 
     def _metric_line(self, h: Held, paths: dict, fed: set) -> bool:
         """A metrics sample names its workload; one whose start event has not come yet waits
@@ -553,6 +571,7 @@ class ExtractorWorker:
         self._failed_deliveries = 0        # producer records the broker refused for now (retriable), ever
         self._refused_outputs: list[tuple[Any, Any]] = []     # (message, error): refused for good
         self.core = ExtractorCore(cfg, catalog)
+        self.rules = RulesFollower(cfg, "extractor", self.core.catalog, RulesMetrics(self.metrics.registry))
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.progress = ProgressTracker(cfg.topic("raw"), cfg.topic("events"), self.worker_id)
         self._progress_due = 0.0
@@ -723,31 +742,41 @@ class ExtractorWorker:
 
     def step(self, timeout: float = 0.5) -> int:
         failed_before = self._failed_deliveries
+        if (catalog := self.rules.poll()) is not None:       # a newly published catalog: between batches
+            self.core.use_catalog(catalog)
         if self.poll_timeline():
             self._retry_held()
         msgs = self.consumer.consume(num_messages=self.cfg.batch, timeout=timeout)
-        records: list[tuple[RawLine, int]] = []
-        origin: dict = {}
+        good = []
         for m in msgs:
             if m.error():
                 log.warning("consumer error: %s", m.error())
                 continue
-            self.offsets.note_message(m)
-            try:
-                rec = decode_raw(m.value(), m.key(), m.headers(), m.offset())
-            except RecordError as exc:
-                self.core.counters.refused += 1
-                self.dead_letter(m, str(exc))
-                continue
-            except Exception as exc:  # a record must never stop the worker
-                self.core.counters.refused += 1
-                self.dead_letter(m, _reason(exc))
-                continue
+            good.append(m)
+        self._note_offsets(good)
+        # Avro RawLines decoded in one pass; anything else (or refused there) by decode_raw, one by one.
+        fast, fast_texts = raw_lines([m.value() for m in good])
+        records: list[tuple[RawLine, int]] = []
+        texts: list[bytes | None] = []
+        kept = []
+        for m, rec, text in zip(good, fast, fast_texts):
+            if rec is None:
+                try:
+                    rec = decode_raw(m.value(), m.key(), m.headers(), m.offset())
+                except RecordError as exc:
+                    self.core.counters.refused += 1
+                    self.dead_letter(m, str(exc))
+                    continue
+                except Exception as exc:  # a record must never stop the worker
+                    self.core.counters.refused += 1
+                    self.dead_letter(m, _reason(exc))
+                    continue
             records.append((rec, m.timestamp()[1]))
-            origin[id(rec)] = m
-            origin[(rec.path, rec.line)] = m
+            texts.append(text)
+            kept.append(m)
+        origin = Origin(records, kept)
         if records:
-            self.publish(self._handle(records, origin), origin)
+            self.publish(self._handle(records, origin, texts), origin)
         if self.core.held or self.core._unrouted_paths or self.core.metric_pending:
             self._retry_held()
         if msgs:
@@ -762,12 +791,27 @@ class ExtractorWorker:
         self.after_step()
         return len(msgs)
 
-    def _handle(self, records: list[tuple[RawLine, int]], origin: dict) -> dict[tuple[str, int], EventBatch]:
+    def _note_offsets(self, msgs) -> None:
+        """Replay's time index: the first message of each (partition, hour) in the batch is the one
+        that can lower a noted offset (a partition's offsets ascend), so only those are noted."""
+        if not self.offsets.enabled:
+            return
+        seen: set = set()
+        bucket_ms = self.offsets.bucket_ms
+        for m in msgs:
+            ts_type, ts = m.timestamp()
+            key = (m.topic(), m.partition(), ts // bucket_ms if ts_type and ts > 0 else None)
+            if key not in seen:
+                seen.add(key)
+                self.offsets.note_message(m)
+
+    def _handle(self, records: list[tuple[RawLine, int]], origin, texts: list[bytes | None] | None = None
+                ) -> dict[tuple[str, int], EventBatch]:
         """``core.handle``, whose per-record failures become dead letters; if the batch as a whole
         raises (past the per-record guards), each record alone, so only the culprit is refused."""
         counted = self.core.counters.records
         try:
-            out = self.core.handle(records)
+            out = self.core.handle(records, texts=texts)
         except Exception:
             log.exception("extraction of a batch of %d failed: handling its records one by one", len(records))
             self._blame(self.core.take_failures(), origin)
@@ -795,11 +839,12 @@ class ExtractorWorker:
 
     def _commit(self, msgs) -> None:
         self.consumer.commit(asynchronous=False)
-        ends: dict[int, int] = {}
+        last = {}                        # one consume() call: each partition's offsets ascend
         for m in msgs:
-            if m.error() is None and m.topic() == self.cfg.topic("raw"):
-                ends[m.partition()] = max(ends.get(m.partition(), 0), m.offset() + 1)
-        self.progress.committed(ends)
+            if m.error() is None:
+                last[(m.topic(), m.partition())] = m
+        raw = self.cfg.topic("raw")
+        self.progress.committed({p: m.offset() + 1 for (t, p), m in last.items() if t == raw})
 
     def _refused_for_good(self) -> None:
         """Output the broker refused for good (too large...): dead-lettered, the batch is not read again."""
@@ -860,6 +905,7 @@ class ExtractorWorker:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        freeze_startup_heap()
         while not self._stop:
             try:
                 self.step()
@@ -869,6 +915,7 @@ class ExtractorWorker:
         self.close()
 
     def close(self) -> None:
+        self.rules.close()
         self.offsets.close()
         self.producer.flush(10)
         self.consumer.close()
@@ -964,6 +1011,34 @@ class ExtractorWorker:
         if now >= self._delivery_log_due:        # at most one line per 10 s, however many fail
             self._delivery_log_due = now + 10.0
             log.warning("delivery to %s failed: %s", msg.topic() if msg is not None else "?", err)
+
+
+def freeze_startup_heap() -> None:
+    """Move what start-up made (the catalog, compiled patterns, clients) out of the garbage
+    collector's sight: every batch allocates thousands of records, and each full collection
+    walked all of it again (measured: about half of the loop's time in bench_stream.py)."""
+    gc.collect()
+    gc.freeze()
+
+
+class Origin:
+    """The message each record of a batch came from, by ``id(record)`` and by ``(path, line)``:
+    built only when a failure asks (rarely), not for every record of every batch."""
+
+    def __init__(self, records: list[tuple[RawLine, int]], msgs: list) -> None:
+        self._records, self._msgs = records, msgs
+        self._map: dict | None = None
+
+    def get(self, key, default=None):
+        if self._map is None:
+            self._map = {}
+            for (rec, _), m in zip(self._records, self._msgs):
+                self._map[id(rec)] = m
+                self._map[(rec.path, rec.line)] = m
+        return self._map.get(key, default)
+
+    def __bool__(self) -> bool:
+        return True
 
 
 def _first_ref(batch: EventBatch) -> tuple[str, int] | None:

@@ -178,6 +178,34 @@ class LagSeries:
         self._shown = set(now)
 
 
+class RulesMetrics:
+    """Which rule catalog a worker runs (``RULES_VERSION_INFO``, 1 on its current version) and the
+    published catalogs it refused (``RULES_LOAD_FAILURES``); :class:`~.rules_feed.RulesFollower` sets them."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        from prometheus_client import Counter, Gauge
+
+        from firstfault.connectors import metrics_names as M
+
+        self.info = Gauge(M.RULES_VERSION_INFO, "the rule catalog this worker diagnoses with (value 1)",
+                          ["worker", "rules_version"], registry=registry)
+        self.failures = Counter(M.base_name(M.RULES_LOAD_FAILURES),
+                                "published rule catalogs this worker could not load (it kept the one it had)",
+                                ["worker"], registry=registry)
+
+    def loaded(self, worker: str, version: str, was: str | None = None) -> None:
+        self.failures.labels(worker)                 # the series exists (0) before anything failed
+        if was is not None and was != version:
+            try:
+                self.info.remove(worker, was)
+            except KeyError:
+                pass
+        self.info.labels(worker, version).set(1)
+
+    def refused(self, worker: str) -> None:
+        self.failures.labels(worker).inc()
+
+
 def _handler(health: Health) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "firstfault-health"

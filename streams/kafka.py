@@ -56,8 +56,10 @@ def ensure_topics(cfg: StreamConfig, names: list[str] | None = None, timeout: fl
     wanted = names or list(cfg.topics.values())
     existing = set(admin.list_topics(timeout=timeout).topics)
     # Progress keeps one record per raw partition that matters: the latest (compacted).
-    compact = {cfg.topic("progress")}
-    new = [NewTopic(t, num_partitions=cfg.partitions, replication_factor=1,
+    # Rules keeps the latest record per key (a catalog version, the live and shadow pointers), on
+    # one partition so a pointer is never read before the version it names (streams/rules_feed.py).
+    compact = {cfg.topic("progress"), cfg.topic("rules"), cfg.topic("node-health")}
+    new = [NewTopic(t, num_partitions=1 if t == cfg.topic("rules") else cfg.partitions, replication_factor=1,
                     config={"cleanup.policy": "compact"} if t in compact else {})
            for t in wanted if t not in existing]
     created = []

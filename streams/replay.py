@@ -392,18 +392,22 @@ def _change_lines(name: str, before: Any, after: Any) -> list[str]:
     return [f"    {name:<18} {b}  ->  {a}"]
 
 
-def render_text(report: ReplayReport) -> str:
+def diff_lines(d: DiffReport) -> list[str]:
+    """The --diff text: each changed attempt with its fields, then the counts (also `rules shadow --report`)."""
     lines = []
-    if report.diff is not None:
-        for ch in report.diff.changes:
-            lines.append(f"CHANGED  {ch.workload_id}#{ch.attempt}")
-            for name, v in ch.fields.items():
-                lines.extend(_change_lines(name, v["before"], v["after"]))
-        for wid in report.diff.unpublished_ids:
-            lines.append(f"NEW      {wid}  (nothing published for it on the diagnoses topic)")
-        d = report.diff
-        lines.append(f"diff: {d.changed} changed, {d.unchanged} unchanged, {d.unpublished} never published; "
-                     f"changes by kind: " + ", ".join(f"{n} {k}" for k, n in d.kinds.items()))
+    for ch in d.changes:
+        lines.append(f"CHANGED  {ch.workload_id}#{ch.attempt}")
+        for name, v in ch.fields.items():
+            lines.extend(_change_lines(name, v["before"], v["after"]))
+    for wid in d.unpublished_ids:
+        lines.append(f"NEW      {wid}  (nothing published for it on the diagnoses topic)")
+    lines.append(f"diff: {d.changed} changed, {d.unchanged} unchanged, {d.unpublished} never published; "
+                 f"changes by kind: " + ", ".join(f"{n} {k}" for k, n in d.kinds.items()))
+    return lines
+
+
+def render_text(report: ReplayReport) -> str:
+    lines = diff_lines(report.diff) if report.diff is not None else []
     r = report.records
     which = "ending" if report.by == "end-time" else "with an end event published"
     lines.append(f"replayed {report.workloads} workload attempt(s) {which} {report.since} .. {report.until} "

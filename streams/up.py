@@ -95,6 +95,9 @@ _TOPIC_SHAPES = {
     "node-history": ("host", "Avro Event: a node-scoped line no workload attempt claimed, extracted on its own"),
     "diagnoses-replay": ("workload_id", "Avro Diagnosis from `firstfault replay`"),
     "progress": ("<raw topic>/<partition>", "JSON Progress: how far an extractor read a raw partition (compacted)"),
+    "rules": ("version/<rules_version>, live, shadow", "JSON: published rule catalogs and the live and shadow pointers (compacted, 1 partition)"),
+    "diagnoses-shadow": ("workload_id", "Avro Diagnosis from `firstfault rules shadow` (a candidate catalog)"),
+    "node-health": ("host", "JSON: a node's episodes and recommendation (compacted; `firstfault nodes --rebuild`)"),
 }
 
 
@@ -103,16 +106,22 @@ def describe(cfg: StreamConfig, extractors: int = 1) -> Topology:
     redis = cfg.redis_url or "none: diagnoses live only on the diagnoses topic; the service uses its in-process store"
     workers = [
         WorkerInfo(name="extractor", kind="worker", instances=extractors, command="python -m firstfault.streams.extractor",
-                   group=cfg.extractor_group, inputs=["raw (group)", "scheduler (every partition, no group)"],
+                   group=cfg.extractor_group, inputs=["raw (group)", "scheduler (every partition, no group)",
+                                                     "rules (every partition, no group)"],
                    outputs=["events", "node-history", "deadletter", "progress"],
                    stores=["allocation timeline (memory, rebuilt from the scheduler topic)",
                            f"held lines waiting for their workload (memory, <= {cfg.hold_max} for {cfg.hold_s:g}s)",
                            "last lines per file for stamp inheritance (memory)"]),
         WorkerInfo(name="correlator", kind="worker", instances=1, command="python -m firstfault.streams.correlator",
-                   group=cfg.app_id, inputs=["events", "scheduler", "progress (every partition, no group)"],
+                   group=cfg.app_id, inputs=["events", "scheduler", "progress (every partition, no group)",
+                                                "rules (every partition, no group)"],
                    outputs=["diagnoses", "deadletter"],
                    stores=["workload state per '<workload_id>:<attempt>' (Faust table, changelog topic)",
                            f"diagnoses store ({'Redis ' + cfg.redis_url if cfg.redis_url else 'none: topic only'})"]),
+        WorkerInfo(name="node-health", kind="worker", instances=1 if cfg.redis_url else 0,
+                   command="python -m firstfault.streams.node_health --follow", group=f"{cfg.app_id}-node-health",
+                   inputs=["diagnoses (group)"], outputs=["node-health"],
+                   stores=["fleet memory per node (Redis; needs FIRSTFAULT_REDIS_URL)"]),
         WorkerInfo(name="ship", kind="command", instances=1, command="firstfault ship PATH", group=None,
                    inputs=["a bundle"], outputs=["scheduler", "raw"], stores=[]),
         WorkerInfo(name="diagnoses", kind="command", instances=1, command="firstfault diagnoses [--follow]",
@@ -120,12 +129,17 @@ def describe(cfg: StreamConfig, extractors: int = 1) -> Topology:
         WorkerInfo(name="replay", kind="command", instances=1, command="firstfault replay --since T --until T",
                    group=None, inputs=["scheduler", "raw", "diagnoses (--diff)"], outputs=["diagnoses-replay"],
                    stores=[f"offset index by hour ({'Redis' if cfg.redis_url else 'none: scans from the start'})"]),
+        WorkerInfo(name="rules", kind="command", instances=1, command="firstfault rules publish|promote|rollback",
+                   group=None, inputs=["a rules directory", "rules"], outputs=["rules"], stores=[]),
+        WorkerInfo(name="shadow", kind="command", instances=1, command="firstfault rules shadow DIR", group=None,
+                   inputs=["scheduler", "raw", "rules", "diagnoses (--report)"], outputs=["diagnoses-shadow", "rules"],
+                   stores=[]),
     ]
     topics = []
     for logical, name in cfg.topics.items():
         key, value = _TOPIC_SHAPES.get(logical, ("-", "-"))
         topics.append(TopicInfo(
-            name=name, logical=logical, partitions=cfg.partitions, key=key, value=value,
+            name=name, logical=logical, partitions=1 if logical == "rules" else cfg.partitions, key=key, value=value,
             producers=[w.name for w in workers if any(o.split(" ")[0] == logical for o in w.outputs)],
             consumers=[w.name for w in workers if any(i.split(" ")[0] == logical for i in w.inputs)]))
     return Topology(bootstrap=cfg.bootstrap or "embedded Tansu (started by `firstfault up`)", prefix=cfg.prefix,
@@ -334,12 +348,19 @@ def make_workers(cfg: StreamConfig, extractors: int, rundir: str, log: Path | No
     ws = [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir, cfg.extractor_group)
           for i in range(extractors)]
     ws.append(Worker("correlator", [py, "-m", "firstfault.streams.correlator"], env, rundir, cfg.app_id))
+    if cfg.redis_url:       # fleet memory lives in Redis; without it `firstfault nodes --rebuild` reads the topic
+        group = f"{cfg.app_id}-node-health"
+        ws.append(Worker("node-health", [py, "-m", "firstfault.streams.node_health", "--follow", "--group", group],
+                         env, rundir, group))
     # Several workers on one host cannot share a health port: FIRSTFAULT_METRICS_PORT=P gives them
     # P, P+1, ... in this order (/metrics, /healthz, /readyz); 0, none serves; unset, each gets a free
     # port, so that `up` can ask their /readyz before it says "ready".
     raw = env.get("FIRSTFAULT_METRICS_PORT", "").strip()
     base = int(raw) if raw else None
     for i, w in enumerate(ws):
+        if w.name == "node-health":             # serves no health port: judged by its group
+            w.log = log
+            continue
         port = free_port() if base is None else (base + i if base else 0)
         w.env = {**env, "FIRSTFAULT_METRICS_PORT": str(port)}
         w.health_port, w.log = port or None, log

@@ -36,18 +36,20 @@ def pipeline_cfg(bootstrap: str, tag: str):
                         app_id=f"{tag}-correlator", extractor_group=f"{tag}-extractor")
 
 
-def start_worker(cfg, tmp_path: Path, module: str, log_name: str | None = None) -> subprocess.Popen:
-    """``python -m firstfault.streams.<module>`` on ``cfg``'s topics, its output in ``<log_name>.log``."""
+def start_worker(cfg, tmp_path: Path, module: str, log_name: str | None = None, **extra: str) -> subprocess.Popen:
+    """``python -m firstfault.streams.<module>`` on ``cfg``'s topics, its output in ``<log_name>.log``;
+    ``extra``: more environment (e.g. FIRSTFAULT_METRICS_PORT)."""
     log = open(tmp_path / f"{log_name or module}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", f"firstfault.streams.{module}"], env=worker_env(cfg, tmp_path),
+    return subprocess.Popen([sys.executable, "-m", f"firstfault.streams.{module}"], env=worker_env(cfg, tmp_path, **extra),
                             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
 
 
 @contextlib.contextmanager
-def running_pipeline(cfg, tmp_path: Path, procs: list | None = None):
+def running_pipeline(cfg, tmp_path: Path, procs: list | None = None, env: dict | None = None):
     """An extractor and a correlator as subprocesses on ``cfg``'s topics, answering before this yields.
 
-    ``procs``: a list the two processes are put in (extractor first), for a test that stops one."""
+    ``procs``: a list the two processes are put in (extractor first), for a test that stops one;
+    ``env``: module -> extra environment for that worker."""
     from firstfault.connectors.shipper import ship
     from firstfault.streams import kafka
 
@@ -55,7 +57,7 @@ def running_pipeline(cfg, tmp_path: Path, procs: list | None = None):
     procs = [] if procs is None else procs
     try:
         for module in ("extractor", "correlator"):
-            procs.append(start_worker(cfg, tmp_path, module))
+            procs.append(start_worker(cfg, tmp_path, module, **(env or {}).get(module, {})))
         # Production workers run long before a job ends; wait until both answer, with a
         # warm-up workload, so the grace period measures the pipeline, not process start-up.
         # (Its own host and day: node-scoped lines are shared by every workload on a node at a time.)

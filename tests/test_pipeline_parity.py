@@ -316,7 +316,8 @@ def parity_run(kafka_bootstrap, tmp_path_factory) -> dict[str, tuple[dict, list]
     expected = {json.loads((b / "workload.json").read_text())["workload_id"]:
                 (label, json.loads(analyze_path(b).diagnosis.to_json())) for label, b in bundles.items()}
     (tmp / "workers").mkdir()
-    with running_pipeline(pipeline_cfg(kafka_bootstrap, f"parity-{uuid.uuid4().hex[:8]}"), tmp / "workers") as cfg:
+    cfg = pipeline_cfg(kafka_bootstrap, f"parity-{uuid.uuid4().hex[:8]}").model_copy(update={"grace_cap_s": 4.0})
+    with running_pipeline(cfg, tmp / "workers") as cfg:
         ship_many(list(bundles.values()), cfg)
         got = read_finals(cfg, lambda out: set(out) >= set(expected), timeout=180)
     return {label: (want, got.get(wid, [])) for wid, (label, want) in expected.items()}

@@ -34,7 +34,8 @@ def all_keys(r: redis.Redis) -> set[str]:
 def test_a_full_run_writes_keys_only_under_the_redis_prefix(kafka_bootstrap, redis_url, tmp_path, monkeypatch, capsys):
     tag = f"keys{uuid.uuid4().hex[:10]}"
     prefix = f"{tag}-store:"        # unlike the topic prefix ("<tag>."), so a key under the wrong one shows
-    cfg = pipeline_cfg(kafka_bootstrap, tag).model_copy(update={"redis_url": redis_url, "redis_prefix": prefix})
+    cfg = pipeline_cfg(kafka_bootstrap, tag).model_copy(update={"redis_url": redis_url, "redis_prefix": prefix,
+                                                        "grace_cap_s": 4.0})
     # The bundle's workload carries the tag too: any key this run writes names the tag or starts with the prefix.
     bundle = tmp_path / "bundle"
     shutil.copytree(SAMPLE, bundle)

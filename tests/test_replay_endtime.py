@@ -8,7 +8,6 @@ pytest_plugins = ["conftest_kafka"]
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -54,7 +53,8 @@ def shipped(kafka_bootstrap, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replay-endtime")
     samples = sample_dirs()
     ids = {json.loads((s / "workload.json").read_text())["workload_id"]: s for s in samples}
-    with running_pipeline(pipeline_cfg(kafka_bootstrap, f"rend-{uuid.uuid4().hex[:10]}"), tmp) as cfg:
+    cfg = pipeline_cfg(kafka_bootstrap, f"rend-{uuid.uuid4().hex[:10]}").model_copy(update={"grace_cap_s": 4.0})
+    with running_pipeline(cfg, tmp) as cfg:
         for s in samples:
             ship(s, cfg)
         finals = read_finals(cfg, lambda out: set(ids) <= set(out), timeout=240)

@@ -283,7 +283,7 @@ def test_topology_names_every_topic_with_its_producers_and_consumers(capsys, mon
     topics = {t.logical: t for t in topo.topics}
     assert set(topics) == set(StreamConfig().topics)
     assert topics["raw"].name == "ops.raw" and topics["raw"].partitions == 6 and topics["raw"].key == "host"
-    assert topics["raw"].producers == ["ship"] and topics["raw"].consumers == ["extractor", "replay"]
+    assert topics["raw"].producers == ["ship"] and topics["raw"].consumers == ["extractor", "replay", "shadow"]
     assert topics["events"].producers == ["extractor"] and topics["events"].consumers == ["correlator"]
     assert topics["diagnoses"].producers == ["correlator"]
     assert {w.name: w.instances for w in topo.workers}["extractor"] == 2

@@ -10,6 +10,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 
 import firstfault
+from firstfault.connectors.sinks.node_health import NodeHealthStore
 from firstfault.connectors.sinks.redis_store import DiagnosisStore, StoreUnavailable
 from firstfault.rules.catalog import load_catalog
 
@@ -18,6 +19,7 @@ from .auth import Auth
 from .context import Publisher, ReadyCheck, ServiceContext
 from .errors import ApiError
 from .evidence import AnalyzeRequest
+from .fleet import build_fleet_router
 from .metrics import Metrics, MetricsMiddleware
 from .routes import build_router
 from .runner import EngineRunner
@@ -44,7 +46,8 @@ def create_app(settings: ServiceSettings | None = None, store: DiagnosisStore | 
         store=store or DiagnosisStore(settings.redis_url, settings.redis_prefix),
         catalog=load_catalog(settings.rules),       # fail at start, not on the first request
         runner=EngineRunner(settings), metrics=Metrics(), auth=Auth(settings),
-        publisher=publisher, kafka_ready=kafka_ready)
+        publisher=publisher, kafka_ready=kafka_ready,
+        nodes=NodeHealthStore(settings.redis_url, settings.redis_prefix))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +63,7 @@ def create_app(settings: ServiceSettings | None = None, store: DiagnosisStore | 
 
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
     app.include_router(build_router(ctx))
+    app.include_router(build_fleet_router(ctx))
     app.include_router(build_ui_router(ctx))
     app.mount("/ui/static", StaticFiles(directory=str(HERE / "static")), name="ui-static")
     app.openapi = lambda: _openapi(app)         # type: ignore[method-assign]

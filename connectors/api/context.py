@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from firstfault.connectors.sinks.node_health import NodeHealthStore
 from firstfault.connectors.sinks.redis_store import DiagnosisStore
 from firstfault.rules.catalog import Catalog
 from firstfault.schemas import Diagnosis
@@ -49,6 +50,7 @@ class ServiceContext:
     auth: Auth
     publisher: Publisher | None = None
     kafka_ready: ReadyCheck | None = None
+    nodes: NodeHealthStore | None = None        # the fleet memory (same Redis and prefix as the store)
 
     async def in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Store calls are blocking (redis-py sync client): keep them off the event loop."""

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BeforeValidator
 
 from firstfault.connectors.sinks.redis_store import InvalidCursor
+from firstfault.rules.attempts import escalate
 from firstfault.rules.engine import analyze_bundle
 from firstfault.schemas import Diagnosis
 
@@ -131,12 +132,17 @@ def build_router(ctx: ServiceContext) -> APIRouter:
         ctx.metrics.diagnoses.labels(diagnosis.status, diagnosis.domain).inc()
         headers: dict[str, str] = {}
         if store or upload:
-            def keep() -> bool:
-                saved = ctx.store.save(diagnosis, ended_at)
+            def keep() -> tuple[Diagnosis, bool]:
+                # Attempt N failing like attempt N-1 escalates recovery (rules/attempts.py).
+                d = escalate(diagnosis, ctx.store.latest(diagnosis.workload_id, diagnosis.attempt - 1)
+                             if diagnosis.attempt > 0 else None)
+                saved = ctx.store.save(d, ended_at)
                 if lines is not None:
-                    ctx.store.save_lines(diagnosis.diagnosis_id, lines)
-                return saved
-            saved = await ctx.in_thread(keep)
+                    ctx.store.save_lines(d.diagnosis_id, lines)
+                if ctx.nodes is not None:        # the fleet memory: the episodes of this attempt
+                    ctx.nodes.record(d, fallback_at=ended_at.isoformat() if ended_at else None)
+                return d, saved
+            diagnosis, saved = await ctx.in_thread(keep)
             page = page_url(diagnosis)
             headers["X-Firstfault-Stored"] = "true" if saved else "false"
             headers["X-Firstfault-Page"] = page

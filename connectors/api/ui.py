@@ -24,6 +24,7 @@ from .auth import UI_COOKIE
 from .context import ServiceContext
 from .errors import ApiError
 from .limits import MAX_FORM_BYTES, read_body
+from .fleet import build_report, node_report
 from .routes import load_context
 from .ui_view import diagnosis_view, failed_at, headline
 
@@ -39,6 +40,7 @@ def _when(stamp: str | None) -> str:
 templates.env.filters["when"] = _when
 STATUSES = ("attributed", "ambiguous", "unattributed", "no_failure")
 HTML = {"text/html": {"schema": {"type": "string"}}}
+NODE_BADGE = {"avoid": "attributed", "watch": "ambiguous", "ok": "no_failure"}     # the status colours
 
 
 def _html_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -147,6 +149,24 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
         found = await load_context(ctx, workload_id, attempt, path, line)
         back = f"/ui/diagnoses/{quote(workload_id, safe='/')}?attempt={found['attempt']}"
         return _page(request, "lines.html", {**found, "back": back})
+
+    @router.get("/nodes", dependencies=[read], response_class=HTMLResponse,
+                summary="Nodes: episodes, recommendation (avoid, watch, ok) and why (HTML)",
+                responses=_html_responses(401, 403, 503))
+    async def nodes(request: Request) -> Response:
+        report = await ctx.in_thread(build_report, ctx)
+        return _page(request, "nodes.html", {"report": report, "nodes": report.nodes, "one": False,
+                                             "badge": NODE_BADGE})
+
+    @router.get("/nodes/{node}", dependencies=[read], response_class=HTMLResponse,
+                summary="One node's episodes, recommendation and why (HTML)",
+                responses=_html_responses(401, 403, 422, 503))
+    async def node(request: Request, node: Annotated[str, Path(min_length=1, max_length=256)]) -> Response:
+        report = await ctx.in_thread(build_report, ctx)
+        one = node_report(report, node)
+        return _page(request, "nodes.html", {
+            "report": report.model_copy(update={"broad_events": one.broad_events, "shared_causes": one.shared_causes}),
+            "nodes": [one.node], "one": True, "badge": NODE_BADGE})
 
     @router.get("/login", response_class=HTMLResponse, summary="Token form for the pages (HTML)",
                 responses=_html_responses(422))

@@ -25,6 +25,12 @@ Actions: Slurm ``scontrol update NodeName=<node> State=DRAIN Reason="firstfault:
    firstfault within ``fraction_window_s`` (it cannot see an operator resume a node);
 5. each diagnosis once, each node once per ``fraction_window_s``.
 
+With a Redis (``--redis-url``): before deciding, an attempt that fails like its stored
+previous attempt escalates (``rules/attempts.py``: retry -> retry_excluding_nodes ->
+drain_nodes), and a weaker hint (retry, retry excluding the node, or unattributed
+suspects) drains the nodes the fleet memory's policy recommends to ``avoid``: a first weak
+episode never drains, a repeat offender does, within the same guards.
+
 Every decision, acted or refused and why, is appended to the audit log (JSON lines,
 opened in append mode, fsynced). On start the log is read back, so the limits and the
 once-only rule hold across restarts. Dry-run decisions count against the limits too,
@@ -51,10 +57,14 @@ from typing import Any, Literal, TextIO
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field
 
+from firstfault.rules.attempts import escalate
+from firstfault.rules.fleet import Policy, episodes_from, evaluate
 from firstfault.schemas import Diagnosis
 
 from .. import metrics_names as M
 from ..hostlist import HostlistError, expand
+from .node_health import NodeHealthStore
+from .redis_store import DiagnosisStore
 
 log = logging.getLogger("firstfault.recovery")
 
@@ -149,8 +159,12 @@ def render(argv: Sequence[str]) -> str:
 
 class RecoverySink:
     def __init__(self, cfg: RecoveryConfig, out: TextIO | None = None, clock: Callable[[], float] = time.time,
-                 runner: Callable[..., Any] | None = None, registry: CollectorRegistry | None = None) -> None:
+                 runner: Callable[..., Any] | None = None, registry: CollectorRegistry | None = None,
+                 fleet: NodeHealthStore | None = None, history: DiagnosisStore | None = None,
+                 policy: Policy | None = None) -> None:
         self.cfg, self.out, self.clock = cfg, out or sys.stdout, clock
+        # The fleet memory (repeat offenders) and the diagnoses store (the previous attempt); both optional.
+        self.fleet, self.history, self.policy = fleet, history, policy or Policy()
         if runner is None:
             k8s_api = cfg.scheduler == "kubernetes" and shutil.which(cfg.kubectl) is None
             runner = cordon_via_api if k8s_api else subprocess.run
@@ -203,6 +217,52 @@ class RecoverySink:
             return "the recovery hint names no node"
         return None
 
+    def _hint(self, d: Diagnosis) -> tuple[list[str], str | None, dict[str, Any]]:
+        """The nodes a drain would name, or the reason for none, and what the fleet record said.
+
+        A ``drain_nodes`` hint passes as before. With a fleet record, a weaker hint (retry,
+        retry excluding the node, or weak evidence naming suspects) drains only the nodes the
+        policy recommends to avoid: a first weak episode never drains, a repeat offender does.
+        """
+        why = self._refuse_reason(d)
+        if why is None:
+            return list(d.recovery.nodes), None, {}
+        weak_ok = d.status == "unattributed" or (d.status == "attributed" and d.recovery.action in (
+            "retry", "retry_excluding_nodes"))
+        if self.fleet is None or d.provisional or not weak_ok:
+            return [], why, {}
+        mine = episodes_from(d)
+        if not mine:
+            return [], why, {}
+        records = self.fleet.records()
+        for e in mine:                       # this diagnosis counts, whether or not it is recorded yet
+            have = [x for x in records.get(e.host, []) if (x.key, x.family) != (e.key, e.family)]
+            records[e.host] = [*have, e]
+        report = evaluate(records, self.policy)
+        views = {n.host: n for n in report.nodes}
+        hosts = sorted({e.host for e in mine})
+        avoid = [h for h in hosts if h in views and views[h].recommendation == "avoid"]
+        detail = {"fleet": {h: {"recommendation": views[h].recommendation, "why": views[h].why}
+                            for h in hosts if h in views}}
+        if not avoid:
+            return [], (f"{why}; fleet record: not a repeat offender ({'; '.join(f'{h}: {views[h].why}' for h in hosts if h in views)}): "
+                        "a first weak episode never drains"), detail
+        subs = {e.sub_domain for h in avoid for e in records[h]} & set(self.cfg.allow_sub_domains)
+        if not subs:
+            return [], f"{why}; fleet record: {', '.join(avoid)} repeat, but no episode sub_domain is on the allow-list", \
+                detail
+        detail["escalated"] = f"repeat offender: {'; '.join(f'{h}: {views[h].why}' for h in avoid)}"
+        return avoid, None, detail
+
+    def _previous(self, d: Diagnosis) -> Diagnosis | None:
+        if self.history is None or d.attempt < 1:
+            return None
+        try:
+            return self.history.latest(d.workload_id, d.attempt - 1)
+        except Exception as exc:           # no history: decide on this attempt alone, as before
+            log.warning("previous attempt of %s unavailable: %s", d.workload_id, exc)
+            return None
+
     def _real_nodes(self, hint: Sequence[str]) -> tuple[list[str], str | None]:
         """The node names a hint stands for (Slurm hostlists expanded), or a reason to refuse it."""
         cap = self.cfg.max_expanded_nodes
@@ -225,6 +285,7 @@ class RecoverySink:
 
     def _handle(self, d: Diagnosis) -> AuditRecord:
         now = self.clock()
+        d = escalate(d, self._previous(d))          # attempt N failing like N-1: the ladder climbs
         base = dict(ts=datetime.fromtimestamp(now, timezone.utc).isoformat().replace("+00:00", "Z"),
                     workload_id=d.workload_id, attempt=d.attempt, diagnosis_id=d.diagnosis_id, status=d.status,
                     sub_domain=d.sub_domain, recovery_action=d.recovery.action, scheduler=self.cfg.scheduler,
@@ -242,12 +303,12 @@ class RecoverySink:
 
         if d.diagnosis_id in self.handled:
             return refuse("duplicate")
-        why = self._refuse_reason(d)
+        hint, why, fleet = self._hint(d)
         if why:
-            return refuse(why, list(d.recovery.nodes))
-        real, why = self._real_nodes(d.recovery.nodes)
+            return refuse(why, list(d.recovery.nodes), **fleet)
+        real, why = self._real_nodes(hint)
         if why:
-            return refuse(why, list(d.recovery.nodes), hint=list(d.recovery.nodes)[:50])
+            return refuse(why, list(hint), hint=list(hint)[:50])
         recent = [(t, n) for t, n in self.actions if now - t < self.cfg.fraction_window_s]
         already = {n for _, n in recent}
         nodes = [n for n in real if n not in already]
@@ -271,7 +332,8 @@ class RecoverySink:
             self.out.flush()
             self.actions += [(now, n) for n in nodes]
             self.handled.add(d.diagnosis_id)
-            rec = AuditRecord(decision="dry_run", reason="all guards passed", nodes=nodes, commands=rendered, **base)
+            rec = AuditRecord(decision="dry_run", reason="all guards passed", nodes=nodes, commands=rendered,
+                              detail=fleet, **base)
             self._audit(rec)
             return rec
         done, failures = [], {}
@@ -290,7 +352,7 @@ class RecoverySink:
         rec = AuditRecord(decision="acted" if not failures else "failed",
                           reason="all guards passed" if not failures else "a command failed",
                           nodes=done if not failures else nodes, commands=rendered,
-                          detail={"failed": failures} if failures else {}, **base)
+                          detail={**fleet, "failed": failures} if failures else fleet, **base)
         self._audit(rec)
         return rec
 
@@ -350,6 +412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--audit-log", default=env("FIRSTFAULT_RECOVERY_AUDIT_LOG", "firstfault-recovery-audit.jsonl"))
     p.add_argument("--group", default=env("FIRSTFAULT_RECOVERY_GROUP", "firstfault-recovery"))
     p.add_argument("--metrics-port", type=int, default=int(env("FIRSTFAULT_METRICS_PORT", str(M.METRICS_PORT))))
+    p.add_argument("--redis-url", default=env("FIRSTFAULT_REDIS_URL"),
+                   help="the diagnoses store and fleet memory: previous attempts escalate, repeat offenders drain")
+    p.add_argument("--redis-prefix", default=env("FIRSTFAULT_REDIS_PREFIX", "firstfault:"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -358,10 +423,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              max_expanded_nodes=args.max_expanded_nodes, audit_log=Path(args.audit_log),
                              **({"allow_sub_domains": [s.strip() for s in args.allow.split(",") if s.strip()]}
                                 if args.allow else {}))
+        policy = Policy.from_env(os.environ)
     except ValueError as exc:
         print(f"firstfault recovery: {exc}", file=sys.stderr)
         return 2
-    sink = RecoverySink(cfg)
+    url = args.redis_url or None
+    sink = RecoverySink(cfg, policy=policy, fleet=NodeHealthStore(url, args.redis_prefix) if url else None,
+                        history=DiagnosisStore(url, args.redis_prefix) if url else None)
     if args.diagnoses:
         for path in args.diagnoses:
             try:
