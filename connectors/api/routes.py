@@ -77,7 +77,9 @@ def build_router(ctx: ServiceContext) -> APIRouter:
                     "`firstfault analyze --json` prints it, and keeps it in the diagnoses store (with the "
                     "lines around each log reference) unless `store=false`; the `X-Firstfault-Page` header "
                     "gives its page. `publish=true` sends it to the diagnoses topic (409 when no publisher "
-                    "is configured). A form upload (multipart/form-data) is answered with a redirect to the page.",
+                    "is configured). A form upload (multipart/form-data) is answered with a redirect to the page. "
+                    "When stored and the store holds attempt N-1 of the workload, an attempt that fails like it "
+                    "has its recovery escalated, and says so in `recovery.reason`.",
         openapi_extra={"requestBody": ANALYZE_BODY},
         responses={200: {"model": Diagnosis, "description": "the diagnosis",
                          "headers": {"X-Firstfault-Stored": {"description": "`true` if saved, `false` if this exact "
