@@ -9,6 +9,7 @@ engine does, so a reference and its excerpt always agree.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 
 from firstfault.rules.bundle import Bundle
 from firstfault.schemas import Diagnosis, Ref
@@ -61,6 +62,18 @@ def _text(raw: bytes) -> str:
     return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + " …"
 
 
+def _numbered(chunks) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, bytes) as the engine counts lines: a final line without a newline counts."""
+    n, rest = 0, b""
+    for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        for raw in lines:
+            n += 1
+            yield n, raw
+    if rest:
+        yield n + 1, rest
+
+
 def excerpts(bundle: Bundle, d: Diagnosis) -> dict[str, dict[str, str]]:
     """{path: {line number: text}} for the windows around the diagnosis' references."""
     wanted = _windows(references(d))
@@ -68,30 +81,18 @@ def excerpts(bundle: Bundle, d: Diagnosis) -> dict[str, dict[str, str]]:
     budget = MAX_KEPT_CHARS
     for f in bundle.files:
         spans = wanted.get(f.path)
-        if not spans:
+        if not spans or budget <= 0:
             continue
         kept: dict[str, str] = {}
-        last = spans[-1][1]
-        n, i, rest = 0, 0, b""
-        for chunk in f.open_chunks():
-            *lines, rest = (rest + chunk).split(b"\n")
-            for raw in lines:
-                n += 1
-                while i < len(spans) and n > spans[i][1]:
-                    i += 1
-                if i < len(spans) and spans[i][0] <= n and budget > 0:
-                    kept[str(n)] = text = _text(raw)
-                    budget -= len(text)
-            if n >= last or budget <= 0:
-                break
-        else:
-            if rest and n + 1 <= last:
-                n += 1
-                while i < len(spans) and n > spans[i][1]:
-                    i += 1
-                if i < len(spans) and spans[i][0] <= n and budget > 0:
-                    kept[str(n)] = text = _text(rest)
-                    budget -= len(text)
+        i = 0
+        for n, raw in _numbered(f.open_chunks()):
+            while i < len(spans) and n > spans[i][1]:
+                i += 1
+            if i == len(spans) or budget <= 0:
+                break                       # past the last window: the rest of the file is not read
+            if spans[i][0] <= n:
+                kept[str(n)] = text = _text(raw)
+                budget -= len(text)
         if kept:
             out[f.path] = kept
     return out
