@@ -37,17 +37,29 @@ def _emit(args: argparse.Namespace, data: dict, text: str) -> int:
     return 0
 
 
-def cmd_publish(args: argparse.Namespace, connect: Callable[[argparse.Namespace], None]) -> int:
+def _put_version(args: argparse.Namespace, connect: Callable[[argparse.Namespace], None], command: str):
+    """Gate the overlay (rules lint and rules test), then put its version on the rules topic:
+    (cfg, bundle), or the refusal's exit code."""
     from . import rules_feed as feed
 
     problems = feed.gate(args.path)
     if problems:
-        return _refused("rules publish", args.path, problems)
+        return _refused(command, args.path, problems)
     connect(args)
     cfg = _cfg(args)
     feed.ensure_topic(cfg)
     bundle = feed.bundle_of(args.path, args.author or "", args.message or "")
     feed.publish_record(cfg, feed.version_key(bundle.rules_version), bundle)
+    return cfg, bundle
+
+
+def cmd_publish(args: argparse.Namespace, connect: Callable[[argparse.Namespace], None]) -> int:
+    from . import rules_feed as feed
+
+    put = _put_version(args, connect, "rules publish")
+    if isinstance(put, int):
+        return put
+    cfg, bundle = put
     live = feed.move_live(cfg, feed.read_state(cfg), bundle.rules_version, bundle.author, bundle.message)
     was = live.history[0] if live.history else None
     return _emit(args, {"rules_version": bundle.rules_version, "files": sorted(bundle.files), "author": bundle.author,
@@ -115,14 +127,10 @@ def cmd_shadow(args: argparse.Namespace, connect: Callable[[argparse.Namespace],
         return 0
     if not args.path:
         raise FirstfaultError("rules shadow needs a rules directory (or --report)")
-    problems = feed.gate(args.path)
-    if problems:
-        return _refused("rules shadow", args.path, problems)
-    connect(args)
-    cfg = _cfg(args)
-    feed.ensure_topic(cfg)
-    bundle = feed.bundle_of(args.path, args.author or "", args.message or "")
-    feed.publish_record(cfg, feed.version_key(bundle.rules_version), bundle)
+    put = _put_version(args, connect, "rules shadow")
+    if isinstance(put, int):
+        return put
+    cfg, bundle = put
     old = feed.pointer(feed.read_state(cfg), feed.SHADOW)
     # The same candidate again (a restarted shadow run) keeps its start: the report covers it all.
     started_ms = old.started_ms if old is not None and old.rules_version == bundle.rules_version and old.started_ms \

@@ -1,7 +1,10 @@
 """Shared fixtures. Paths and small helpers only; no fakes of the broker or Redis."""
 from __future__ import annotations
 
+import contextlib
 import json
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,19 @@ BASE_WORKLOAD = {
     "start_time": "2026-11-02T09:58:00Z", "end_time": "2026-11-02T10:21:14Z",
     "nodes": ["node-01", "node-02", "node-03", "node-04"], "gpus_per_node": 8,
 }
+
+
+@contextlib.contextmanager
+def redis_key_prefix(url: str, label: str) -> Iterator[str]:
+    """A key prefix of this test's own on the real Redis at ``url``; its keys are deleted afterwards."""
+    import redis
+
+    p = f"fftest-{label}-{uuid.uuid4().hex[:12]}:"
+    try:
+        yield p
+    finally:
+        r = redis.Redis.from_url(url)
+        keys = list(r.scan_iter(match=f"{p}*", count=1000))
+        if keys:
+            r.delete(*keys)
+        r.close()

@@ -10,13 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from firstfault.connectors.api.app import create_app
 from firstfault.connectors.api.settings import ServiceSettings
@@ -26,6 +24,8 @@ from firstfault.connectors.sinks.redis_store import DiagnosisStore
 from firstfault.connectors.topology_map import TopologyError, load_topology
 from firstfault.rules.attempts import escalate
 from firstfault.rules.fleet import Policy, episodes_from, evaluate
+
+from conftest import redis_key_prefix
 
 from fleet_bundles import T0, diagnose, ib_bundle, xid79_bundle
 
@@ -41,12 +41,8 @@ SwitchName=spine1 Switches=leaf[1-3]
 
 @pytest.fixture
 def prefix():
-    p = f"fftest-fleet-{uuid.uuid4().hex[:8]}:"
-    yield p
-    r = redis.Redis.from_url(REDIS_URL)
-    keys = list(r.scan_iter(match=f"{p}*", count=1000))
-    if keys:
-        r.delete(*keys)
+    with redis_key_prefix(REDIS_URL, "fleet") as p:
+        yield p
 
 
 @pytest.fixture

@@ -13,13 +13,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import redis
 
 from firstfault.connectors.sinks.node_health import NodeHealthStore
 from firstfault.schemas.avro import encode
 from firstfault.streams import kafka
 from firstfault.streams.follow import TopicReader
 from firstfault.streams.node_health import follow
+
+from conftest import redis_key_prefix
 
 from fleet_bundles import T0, diagnose, ib_bundle, xid79_bundle
 
@@ -29,12 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def redis_prefix(redis_url):
-    p = f"fftest-fleetstream-{uuid.uuid4().hex[:8]}:"
-    yield p
-    r = redis.Redis.from_url(redis_url)
-    keys = list(r.scan_iter(match=f"{p}*", count=1000))
-    if keys:
-        r.delete(*keys)
+    with redis_key_prefix(redis_url, "fleetstream") as p:
+        yield p
 
 
 def _publish(cfg, diagnoses) -> None:

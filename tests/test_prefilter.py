@@ -28,7 +28,7 @@ def test_fallback_finds_the_same_candidate_lines_and_anchors():
 def test_one_prefilter_serves_many_threads():
     pre, _ = _compiled(load_catalog())
     if pre.engine != "hyperscan":
-        pytest.skip("the Hyperscan binding is not installed: the re fallback has no scratch space to share")
+        pytest.skip("the Hyperscan binding is not installed: the RE2 fallback has no per-thread scratch space to share")
     data = _corpus()
     want = pre.scan(data)
     results, errors = [], []

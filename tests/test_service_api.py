@@ -8,7 +8,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import uuid
 import zipfile
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from firstfault.connectors.api.app import create_app
 from firstfault.connectors.api.serve import serve_main
@@ -24,7 +22,7 @@ from firstfault.connectors.api.settings import ServiceSettings
 from firstfault.connectors.sinks.redis_store import DiagnosisStore
 from firstfault.schemas import Diagnosis
 
-from conftest import BASE_WORKLOAD, SAMPLES, sample_dirs
+from conftest import BASE_WORKLOAD, SAMPLES, sample_dirs, redis_key_prefix
 from archives import tar_with
 
 pytestmark = pytest.mark.anyio
@@ -96,12 +94,8 @@ def stored(workload_id: str, revision: int | None = None, **update) -> Diagnosis
 
 @pytest.fixture
 def prefix():
-    p = f"fftest:{uuid.uuid4().hex}:"
-    yield p
-    r = redis.Redis.from_url(REDIS_URL)
-    keys = list(r.scan_iter(match=f"{p}*", count=1000))
-    if keys:
-        r.delete(*keys)
+    with redis_key_prefix(REDIS_URL, "api") as p:
+        yield p
 
 
 @pytest.fixture
