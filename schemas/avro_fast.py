@@ -15,14 +15,19 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _long(buf: bytes, pos: int) -> tuple[int, int]:
+    """A zig-zag varint at pos -> (value, next pos); an Avro long is 64 bits, 10 bytes at most."""
     shift = result = 0
     while True:
         b = buf[pos]
         pos += 1
         result |= (b & 0x7F) << shift
         if b < 0x80:
+            if result >> 64:
+                raise ValueError("long past 64 bits")
             return (result >> 1) ^ -(result & 1), pos
         shift += 7
+        if shift == 70:
+            raise ValueError("varint longer than 10 bytes")
 
 
 def compile_flat(schema: dict[str, Any]):
@@ -32,7 +37,13 @@ def compile_flat(schema: dict[str, Any]):
     the one-byte varint inlined): the raw topic decodes every line, so a few attribute
     loads and branches per field are most of its cost.
     """
-    plan: list[tuple[str, str, bool]] = []          # (field, string|bytes|long|ts, nullable)
+    plan = flat_plan(schema)
+    return None if plan is None else _generate(plan)
+
+
+def flat_plan(schema: dict[str, Any]) -> list[tuple[str, str, bool]] | None:
+    """(field, string|bytes|long|ts, nullable) per field of a flat record schema, else None."""
+    plan: list[tuple[str, str, bool]] = []
     for f in schema["fields"]:
         t, nullable = f["type"], False
         if isinstance(t, list):
@@ -52,7 +63,7 @@ def compile_flat(schema: dict[str, Any]):
         if not str(f["name"]).isidentifier():
             return None
         plan.append((f["name"], kind, nullable))
-    return _generate(plan)
+    return plan
 
 
 def _generate(plan: list[tuple[str, str, bool]]):
@@ -85,6 +96,8 @@ def _generate(plan: list[tuple[str, str, bool]]):
         else:
             code += [f"{pad}{var} = n"]
     code += ["    except IndexError:", "        raise ValueError('truncated record') from None",
+             # A timestamp-micros past datetime's years 1..9999: refused like any corrupt body.
+             "    except OverflowError:", "        raise ValueError('timestamp out of range') from None",
              "    if pos != size:", "        raise ValueError('trailing bytes after the record')",
              "    return {" + ", ".join(f"{name!r}: v{i}" for i, (name, _, _) in enumerate(plan)) + "}"]
     scope: dict[str, Any] = {"_long": _long, "_EPOCH": _EPOCH, "timedelta": timedelta}

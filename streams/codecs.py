@@ -16,8 +16,9 @@ order, since a file's lines share a key and so a partition.
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import PurePosixPath
@@ -28,7 +29,8 @@ from pydantic import ValidationError
 from firstfault.rules.errors import RecordError
 from firstfault.rules.extract import source_of
 from firstfault.schemas import EventBatch, RawLine, SchedulerEvent
-from firstfault.schemas.avro import MAGIC, _construct, _flat, _parsed, decode
+from firstfault.schemas.avro import MAGIC, _construct, _flat, _parsed, _raw_schema, decode
+from firstfault.schemas.avro_fast import flat_plan
 from firstfault.schemas.records import MAX_LONG
 
 _TEXT_KEYS = ("log", "message", "msg", "MESSAGE")
@@ -168,7 +170,16 @@ def raw_lines(values: Sequence[bytes | None]) -> tuple[list[RawLine | None], lis
     None where ``decode_raw`` must decide (JSON, plain text, an older schema, a body this
     refuses): it gives the record or the reason to dead-letter it, exactly as alone.
     The bytes are the line as its program wrote them (``RawLine.raw()``), for the prefilter.
+    Decoded in C when the extension is built (``FIRSTFAULT_PURE_PYTHON=1``: in Python regardless).
     """
+    native = None if os.environ.get("FIRSTFAULT_PURE_PYTHON") == "1" else _native_decoder()
+    if native is not None:
+        return native(values, _raw_head(), RawLine)
+    return _raw_lines_py(values)
+
+
+def _raw_lines_py(values: Sequence[bytes | None]) -> tuple[list[RawLine | None], list[bytes | None]]:
+    """``raw_lines`` in Python: what the C decoder does, and its fallback."""
     head = _raw_head()
     flat = _flat("RawLine")
     recs: list[RawLine | None] = []
@@ -191,6 +202,16 @@ def raw_lines(values: Sequence[bytes | None]) -> tuple[list[RawLine | None], lis
         recs.append(_construct(RawLine, datum))
         texts.append(raw)
     return recs, texts
+
+
+@lru_cache(maxsize=None)
+def _native_decoder() -> Callable[..., tuple[list[RawLine | None], list[bytes | None]]] | None:
+    """The C extension's ``decode_many`` when it is built and reads today's RawLine schema, else None."""
+    try:
+        from firstfault.schemas import _rawline
+    except ImportError:
+        return None
+    return _rawline.decode_many if _rawline.PLAN == tuple(flat_plan(_raw_schema("RawLine")) or ()) else None
 
 
 @lru_cache(maxsize=None)

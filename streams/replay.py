@@ -212,10 +212,12 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, Chosen], catalog: Catalog, m
                index: OffsetIndex | None, idle_s: float, counts: dict[str, int]) -> dict[Key, Diagnosis]:
     from firstfault.rules.diagnose import diagnose
     from firstfault.rules.engine import stream_inventory
-    from firstfault.rules.model import Ev, EventSet
+    from firstfault.rules.model import Ev
+    from firstfault.schemas import Event
 
     from .codecs import decode_raw
     from .extractor import ExtractorCore
+    from .workload_state import merge_events
 
     if not chosen:
         return {}
@@ -224,7 +226,9 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, Chosen], catalog: Catalog, m
     for a in chosen.values():
         core.timeline.apply(a.event)
     raw_from, raw_until = raw_bounds(cfg, chosen)
-    events: dict[Key, EventSet] = {k: EventSet() for k in chosen}
+    # Merged as the correlator merges (a metrics crossing a later batch replaced: the last version).
+    events: dict[Key, dict[str, Event]] = {k: {} for k in chosen}
+    versions: dict[Key, dict[str, int]] = {k: {} for k in chosen}
     paths: dict[Key, set[str]] = {k: set() for k in chosen}
     metric_hosts: dict[Key, set[str]] = {k: set() for k in chosen}
 
@@ -233,7 +237,7 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, Chosen], catalog: Catalog, m
         counts["raw_unreadable"] += len(core.take_failures())     # lines the engine raised on: left out
         for key, out in batches.items():
             if key in events:
-                events[key].update(Ev.from_schema(e) for e in out.events)
+                merge_events(events[key], versions[key], out.events)
                 paths[key].update(out.paths)
                 metric_hosts[key].update(out.metric_hosts)
 
@@ -256,7 +260,7 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, Chosen], catalog: Catalog, m
     finally:
         bar.close()
     counts["raw"] = core.counters.records
-    return {k: diagnose(a.event.workload, events[k].sorted(), catalog,
+    return {k: diagnose(a.event.workload, [Ev.from_schema(e) for e in events[k].values()], catalog,
                         stream_inventory(a.event.workload, paths[k], metric_hosts[k]))
             for k, a in chosen.items()}
 

@@ -40,6 +40,7 @@ from firstfault.rules.model import Ev
 from firstfault.schemas import Diagnosis, Event, EventBatch, MissingEvidence, SchedulerEvent, WorkloadRecord
 
 from .config import StreamConfig
+from .metrics_reader import replacement_of
 
 MAX_PROVISIONAL = 16          # distinct provisional results per attempt: a guard against a flapping cascade
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -78,6 +79,8 @@ class WorkloadState(BaseModel):
     end_seen: datetime | None = Field(default=None, description="processing time: wall clock at the end event")
     last_input: datetime | None = Field(default=None, description="processing time: wall clock of the last batch merged")
     events: dict[str, Event] = Field(default_factory=dict, description="by signature")
+    crossing_versions: dict[str, int] = Field(default_factory=dict, description=(
+        "metrics crossings the extractor replaced: signature -> the samples the kept version was computed over"))
     paths: list[str] = Field(default_factory=list)
     metric_hosts: list[str] = Field(default_factory=list, description="hosts named by metrics samples")
     offsets: dict[str, int] = Field(default_factory=dict, description="highest input offset applied, per topic")
@@ -182,6 +185,54 @@ def _signature(ev: Event) -> str:
     return ev.signature or f"{ev.kind}|{ev.host}|{ev.ref.path}:{ev.ref.line}"
 
 
+def merge_events(events: dict[str, Event], versions: dict[str, int], batch: list[Event]) -> None:
+    """Fold a batch's events into ``events`` (by signature): the engine's order-free merge; for a
+    metrics crossing the extractor replaced, the version over the most samples (``versions``:
+    signature -> that number). Any order of the batches gives the same result."""
+    for ev in batch:
+        sig = _signature(ev)
+        replaced = replacement_of(ev)
+        if replaced is not None:
+            _keep_latest(events, versions, sig, *replaced)
+        elif sig in versions:
+            continue                        # a crossing's first version: a replacement of it came already
+        elif (have := events.get(sig)) is None:
+            events[sig] = ev
+        else:
+            merged = Ev.from_schema(have)
+            merged.merge(Ev.from_schema(ev))
+            events[sig] = merged.to_schema()
+
+
+def _keep_latest(events: dict[str, Event], versions: dict[str, int], sig: str, version: int,
+                 ev: Event | None) -> None:
+    """An extractor's samples only grow, so the version over more samples is the later one. A tie of
+    two different versions (an extractor that restarted) goes to the smaller content: order-free too."""
+    if sig in versions and (-version, _content(ev)) >= (-versions[sig], _content(events.get(sig))):
+        return
+    versions[sig] = version
+    if ev is None:
+        events.pop(sig, None)               # retracted: no crossing over the samples seen
+    else:
+        events[sig] = ev
+
+
+def _content(ev: Event | None) -> str:
+    return "" if ev is None else json.dumps(ev.model_dump(mode="json"), sort_keys=True)
+
+
+def _unmarked(events: list[Event]) -> list[Event]:
+    """The events as the engine makes them: replacements without their mark, retractions left out."""
+    out = []
+    for ev in events:
+        replaced = replacement_of(ev)
+        if replaced is None:
+            out.append(ev)
+        elif replaced[1] is not None:
+            out.append(replaced[1])
+    return out
+
+
 def merge_batch(state: WorkloadState, batch: EventBatch, catalog: Catalog, seq: int | None = None,
                 wall_now: datetime | None = None) -> bool:
     """Merge one EventBatch; True when it was applied (not a redelivery, not past the horizon)."""
@@ -192,17 +243,9 @@ def merge_batch(state: WorkloadState, batch: EventBatch, catalog: Catalog, seq: 
         return False
     if wall_now is not None:
         state.last_input = wall_now
-    if not state.ended and not state.root_arrived and strong_root_signatures(batch.events, catalog):
+    if not state.ended and not state.root_arrived and strong_root_signatures(_unmarked(batch.events), catalog):
         state.root_arrived = True
-    for ev in batch.events:
-        sig = _signature(ev)
-        have = state.events.get(sig)
-        if have is None:
-            state.events[sig] = ev
-        else:
-            merged = Ev.from_schema(have)
-            merged.merge(Ev.from_schema(ev))
-            state.events[sig] = merged.to_schema()
+    merge_events(state.events, state.crossing_versions, batch.events)
     if batch.paths:
         state.paths = sorted(set(state.paths) | set(batch.paths))
     if batch.metric_hosts:
@@ -336,6 +379,7 @@ def close(state: WorkloadState, wall_now: datetime) -> None:
     """Past the horizon: keep only what identifies the attempt and what was published."""
     state.closed_at = wall_now
     state.events = {}
+    state.crossing_versions = {}
     state.paths = []
     state.metric_hosts = []
     state.dirty = state.root_arrived = False

@@ -48,7 +48,13 @@ def test_one_dockerfile_builds_every_firstfault_service(compose):
         assert build == {"context": ".", "dockerfile": "ops/Dockerfile"}, name
     docker = (ROOT / "ops" / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim\s*$", docker, re.M)
-    assert re.search(r"^RUN pip install \.", docker, re.M)
+    # The wheel is built in a stage with a compiler (the raw topic's C decoder) and must carry it.
+    assert re.search(r"^FROM python:3\.11-slim AS build\s*$", docker, re.M)
+    assert re.search(r"^COPY pyproject\.toml setup\.py ", docker, re.M)
+    assert re.search(r"^RUN pip wheel .*\n.*ls /wheels/firstfault-\*-cp311-\*\.whl", docker, re.M)
+    assert re.search(r"^RUN pip install /wheels/firstfault-", docker, re.M)
+    ignore = (ROOT / "ops" / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "!setup.py" in ignore and "**/*.so" in ignore
     assert re.search(r"^USER (?!root)", docker, re.M)
 
 
