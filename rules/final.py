@@ -13,7 +13,7 @@ from typing import Any
 
 from firstfault.schemas import WorkloadRecord
 
-from .catalog import Catalog, ExplainsRule
+from .catalog import Catalog, Condition, ExplainsRule, Matcher
 from .early import holds, value_of
 from .model import Ev
 
@@ -229,11 +229,11 @@ def _unclocked_follows(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) 
 def run_explains(ctx: FinalContext) -> None:
     """Apply the declarative explains rules in priority order; record edges, demote explained roots."""
     order = sorted(ctx.roots, key=root_order)
+    pool = _TargetPool([t for t in ctx.events if id(t) not in ctx.excluded and t.role in ("root", "symptom", "marker")])
     for rule in ctx.catalog.explains:
         fired: list[Ev] = []
         demoted: list[Ev] = []
-        targets = [t for t in ctx.events if id(t) not in ctx.excluded and t.role in ("root", "symptom", "marker")
-                   and holds(rule.target, t)]
+        targets = pool.matching(rule.target)
         if not targets:
             continue
         for src in order:
@@ -251,6 +251,53 @@ def run_explains(ctx: FinalContext) -> None:
                     demoted.append(tgt)
         if fired:
             ctx.step(rule.id, "explain", fired, demoted=len(demoted))
+
+
+class _TargetPool:
+    """The events an explains rule may target, and each distinct condition term's verdict on them.
+
+    The rules share terms (``role: root``, ``kind: xid``) and nothing in ``run_explains`` changes an
+    event's role or exclusion, so a term's verdict is worked out once per pool, and a matcher is
+    tested once per distinct value of its key (an event kind, a role), not once per event and rule:
+    the same targets in the same order as ``holds`` on each event.
+    """
+
+    def __init__(self, events: list[Ev]) -> None:
+        self.events = events
+        self._columns: dict[str, list[Any]] = {}
+        self._verdicts: dict[Any, list[bool]] = {}
+
+    def _verdict(self, key: str, matcher: Matcher) -> list[bool]:
+        try:
+            have = self._verdicts.get((key, matcher))
+        except TypeError:                   # a matcher whose argument cannot be hashed
+            have = None
+        if have is not None:
+            return have
+        column = self._columns.get(key)
+        if column is None:
+            column = self._columns[key] = [value_of(e, key) for e in self.events]
+        by_value: dict[tuple[type, Any], bool] = {}
+        have = []
+        for value in column:
+            try:                            # keyed with the type: 1, 1.0 and True are equal keys, not equal strings
+                ok = by_value.get((type(value), value))
+                if ok is None:
+                    ok = by_value[(type(value), value)] = matcher.test(value)
+            except TypeError:               # a value that cannot be hashed (a list in fields)
+                ok = matcher.test(value)
+            have.append(ok)
+        try:
+            self._verdicts[(key, matcher)] = have
+        except TypeError:
+            pass
+        return have
+
+    def matching(self, cond: Condition) -> list[Ev]:
+        keep = [True] * len(self.events)
+        for key, matcher in cond.terms:
+            keep = [a and b for a, b in zip(keep, self._verdict(key, matcher))]
+        return [e for e, ok in zip(self.events, keep) if ok]
 
 
 def root_order(ev: Ev) -> tuple:

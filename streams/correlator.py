@@ -472,8 +472,11 @@ class Correlator:
         self.poll_progress()
         active = self._active_partitions()
         now = self.now()
-        for key, raw in list(self.table.data.items()):
-            if self._failing.get(key) is raw:
+        for key in list(self.table.data.keys()):
+            # Read now, not from a snapshot: the awaits below let batches save newer states, and a
+            # stale value would be parsed again to learn what the cached wake already says.
+            raw = self.table.data.get(key)
+            if raw is None or self._failing.get(key) is raw:
                 continue                         # decide raised on exactly this state: wait for new input
             try:
                 wake, partition = self._wake(key, raw)
