@@ -10,7 +10,7 @@ from firstfault.rules.catalog import load_catalog
 from firstfault.rules.diagnose import diagnose
 from firstfault.rules.engine import analyze_path, extract_records
 from firstfault.rules.extract import Extractor, LineMemory, source_of
-from firstfault.rules.model import EventSet
+from firstfault.rules.model import Ev, EventSet
 from firstfault.rules.bundle import open_bundle
 from firstfault.schemas import RawLine
 
@@ -86,6 +86,34 @@ def test_interleaving_across_hosts_does_not_change_a_byte():
         from firstfault.rules.engine import _inventory
         inv = _inventory(bundle)
         assert diagnose(bundle.workload, events.sorted(), catalog, inv).to_json() == offline
+
+
+def test_diagnose_leaves_the_callers_events_as_they_were():
+    """diagnose works on copies (the stream keeps its events in state): every field of every
+    event the caller passed is the same afterwards, containers included."""
+    sample = next(p for p in sample_dirs() if p.name == "worked-example")
+    bundle, records = _records(sample)
+    catalog = load_catalog()
+    events = EventSet()
+    extract_records(Extractor(catalog, bundle.workload), records, events, memory=LineMemory())
+    evs = events.sorted()
+    before = [tuple(repr(getattr(e, name)) for name in Ev.__slots__) for e in evs]
+    from firstfault.rules.engine import _inventory
+    d = diagnose(bundle.workload, evs, catalog, _inventory(bundle))
+    assert d.status == "attributed" and d.symptoms        # the rules did run: roles, edges, symptoms
+    assert [tuple(repr(getattr(e, name)) for name in Ev.__slots__) for e in evs] == before
+    assert all(e.role is None for e in evs)
+
+
+def test_an_event_copy_has_every_field_and_its_own_containers():
+    ev = Ev(kind="xid", pattern="p", source="kernel", path="logs/syslog/n1.log", line=3, text="t", host="n1",
+            gpu_index=2, fields={"xid": 79}, ranks={1, 2}, signature="s", role="root", early_rules=["r"])
+    other = ev.copy()
+    assert [getattr(other, n) for n in Ev.__slots__] == [getattr(ev, n) for n in Ev.__slots__]
+    other.fields["xid"] = 48
+    other.ranks.add(3)
+    other.early_rules.append("q")
+    assert ev.fields == {"xid": 79} and ev.ranks == {1, 2} and ev.early_rules == ["r"]
 
 
 def test_cli_json_is_the_diagnosis(tmp_path):
