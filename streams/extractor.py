@@ -31,6 +31,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from itertools import accumulate
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -256,8 +257,8 @@ class ExtractorCore:
         last_line: dict[str, int] = {}       # per file in this batch: the last line number seen
         settled: dict[str, bool] = {}        # per file: every workload it may feed is decided
         fed: set[tuple[str, int]] = set()
+        self.counters.records += len(records)
         for (rec, ts_ms), anchor_hits in zip(records, line_hits):
-            self.counters.records += 1
             if anchor_hits is False:
                 continue                     # the prefilter failed on it: already noted
             try:
@@ -271,10 +272,7 @@ class ExtractorCore:
         """Prefilter hits per line (anchor ids or None); False for a line the prefilter raised on."""
         if not encoded:
             return []
-        offsets, pos = [], 0
-        for raw in encoded:
-            offsets.append(pos)
-            pos += len(raw) + 1
+        offsets = list(accumulate([len(raw) + 1 for raw in encoded[:-1]], initial=0))    # each line's start
         try:
             hits = self.prefilter.scan(b"\n".join(encoded))
             return [hits.get(o) for o in offsets]
@@ -747,12 +745,11 @@ class ExtractorWorker:
         if self.poll_timeline():
             self._retry_held()
         msgs = self.consumer.consume(num_messages=self.cfg.batch, timeout=timeout)
-        good = []
-        for m in msgs:
-            if m.error():
-                log.warning("consumer error: %s", m.error())
-                continue
-            good.append(m)
+        good = [m for m in msgs if m.error() is None]
+        if len(good) != len(msgs):
+            for m in msgs:
+                if m.error() is not None:
+                    log.warning("consumer error: %s", m.error())
         self._note_offsets(good)
         # Avro RawLines decoded in one pass; anything else (or refused there) by decode_raw, one by one.
         fast, fast_texts = raw_lines([m.value() for m in good])
@@ -786,7 +783,7 @@ class ExtractorWorker:
             if left or self._failed_deliveries != failed_before:
                 self.rewind(msgs)
             else:
-                self._commit(msgs)
+                self._commit(good)
         self.report_progress()
         self.after_step()
         return len(msgs)
@@ -837,14 +834,13 @@ class ExtractorWorker:
         self.publish(batches)
         self.keep_for_node_history(expired)
 
-    def _commit(self, msgs) -> None:
+    def _commit(self, good) -> None:
+        """Commit what was consumed; ``good``: this batch's messages without an error, in order."""
         self.consumer.commit(asynchronous=False)
         last = {}                        # one consume() call: each partition's offsets ascend
-        for m in msgs:
-            if m.error() is None:
-                last[(m.topic(), m.partition())] = m
-        raw = self.cfg.topic("raw")
-        self.progress.committed({p: m.offset() + 1 for (t, p), m in last.items() if t == raw})
+        for m in good:
+            last[m.partition()] = m      # the worker reads only the raw topic
+        self.progress.committed({p: m.offset() + 1 for p, m in last.items()})
 
     def _refused_for_good(self) -> None:
         """Output the broker refused for good (too large...): dead-lettered, the batch is not read again."""
