@@ -58,14 +58,18 @@ def scheduler_event(workload: WorkloadRecord) -> Ev:
               signature="scheduler_end")
 
 
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
+
+
 def diagnosis_id(workload: WorkloadRecord, events: Iterable[Ev], inventory: Mapping[str, Any], version: str) -> str:
     """Content hash of the inputs' canonical form (the extracted events, not raw bytes) and the catalog."""
     digest = hashlib.sha256()
-    digest.update(json.dumps(workload.canonical(), sort_keys=True, default=str).encode())
+    dumps = _CANONICAL_JSON.encode         # json.dumps(..., sort_keys=True, default=str), one encoder
+    digest.update(dumps(workload.canonical()).encode())
     for ev in sorted(events, key=lambda e: e.signature):
-        digest.update(json.dumps(ev.canonical(), sort_keys=True, default=str).encode())
-    digest.update(json.dumps({k: sorted(v) if isinstance(v, (set, list, tuple)) else v
-                              for k, v in sorted(inventory.items())}, sort_keys=True, default=str).encode())
+        digest.update(dumps(ev.canonical()).encode())
+    digest.update(dumps({k: sorted(v) if isinstance(v, (set, list, tuple)) else v
+                         for k, v in sorted(inventory.items())}).encode())
     digest.update(version.encode())
     return "sha256:" + digest.hexdigest()[:32]
 
