@@ -7,8 +7,8 @@ decoded fields, rule ids) lives here too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import attrgetter
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from firstfault.schemas import Event, GpuRef, Ref
