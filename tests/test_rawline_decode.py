@@ -298,6 +298,20 @@ def test_the_extension_is_built_where_it_can_be():
         assert so.stat().st_mtime >= src.stat().st_mtime, f"{so.name} is older than {src.name}: pip install -e ."
 
 
+def test_the_eventbatch_reader_is_built_where_it_can_be():
+    """The correlator's C reader (schemas/_eventbatch.c, tested in test_eventbatch_decode.py) builds
+    with this one: where a compiler is, a silent fall back to fastavro must fail here too."""
+    why = _cannot_build()
+    if why:
+        pytest.skip(f"{why}: the optional C reader cannot be built, fastavro is in use")
+    from firstfault.schemas.avro import _native_eventbatch
+    try:
+        from firstfault.schemas import _eventbatch
+    except ImportError as exc:
+        pytest.fail(f"firstfault.schemas._eventbatch is not built ({exc}): pip install -e . compiles it")
+    assert _native_eventbatch() is _eventbatch.read, "built but not used: its FINGERPRINT is not today's EventBatch"
+
+
 def test_no_leaks_on_any_path():
     native = _native()
 
