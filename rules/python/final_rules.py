@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from datetime import timedelta
+from typing import NamedTuple
 
 from ..bundle import source_of
 from ..early import render
@@ -227,31 +228,61 @@ def lone_sxid_detail(ctx: FinalContext) -> None:
 _RDZV_TB = ('  File "/root/.local/lib/python3.7/site-packages/torch/distributed/rendezvous.py", line 143, in _env_rendezvous_handler\n'
             '    store = TCPStore(master_addr, master_port, start_daemon)\n'
             'ValueError: host not found: Name or service not known')
-# Which sub_domain an exception raised inside a code area belongs to.
-_FRAME_AREAS = {"rendezvous": ("application", "rendezvous_error")}
+_PANDARALLEL_TB = ('INFO: Pandarallel will use Memory file system to transfer data between the main process and workers.\n'
+                   'Traceback (most recent call last):\n'
+                   '  File "/opt/conda/envs/pytorch/lib/python3.9/site-packages/pandarallel/core.py", line 263, in closure\n'
+                   '    pickle.dump(chunk, filedescriptor)\n'
+                   'OSError: [Errno 28] No space left on device')
+
+
+class _Area(NamedTuple):
+    """What an error raised inside a code area is: the event kinds it retags, and as what."""
+    kinds: tuple[str, ...]
+    errno: int | None                 # only this errno (a storage_error's), or any
+    domain: str
+    sub_domain: str
+    output: str                       # rendered on the error; {frame_func}: the frame's function, {exc_type}: the error's
+
+
+_FRAME_AREAS = {
+    "rendezvous": _Area(("python_exception",), None, "application", "rendezvous_error",
+                        "{exc_type} raised in the rendezvous code ({frame_func})[[: {message}]]"),
+    # pandarallel's memory-file-system mode pickles each chunk into /dev/shm (its MEMORY_FS_ROOT)
+    "memory_fs": _Area(("storage_error",), 28, "host", "shm_exhausted",
+                       "/dev/shm exhausted[[ on {host}]]: pandarallel could not write a data chunk to the memory "
+                       "file system (No space left on device)"),
+}
 _FRAME_REACH = 40          # lines above an exception that belong to its traceback
 
 
 @final_rule(
-    id="final.traceback_frames", priority=858, title="An exception raised inside rendezvous code is a rendezvous failure",
+    id="final.traceback_frames", priority=858, title="An error raised inside a known code area takes that area's cause",
     description="A plain exception (ValueError: host not found, ...) whose traceback runs through torch.distributed's "
                 "rendezvous code (rendezvous.py, the elastic rendezvous handlers) happened while the process group was "
-                "being formed: its sub_domain is rendezvous_error, not a user code exception. The frames are the "
-                "lines just above it in the same file. Source: kubeflow/pytorch-operator#125.",
-    examples={"fires": [_scenario({"logs/app/node-01.log": _RDZV_TB})],
-              "quiet": [_scenario({"logs/app/node-01.log": _RDZV_TB.split("\n")[-1]})]},
+                "being formed: its sub_domain is rendezvous_error, not a user code exception. An ENOSPC raised where "
+                "pandarallel pickles a data chunk for its workers (memory-file-system mode writes them under /dev/shm) "
+                "is /dev/shm exhausted, not a full data disk. The frames are the lines just above the error in the "
+                "same file. Sources: kubeflow/pytorch-operator#125; nalepae/pandarallel pandarallel/core.py "
+                "(parallelize_with_memory_file_system, MEMORY_FS_ROOT), hpcaitech/Open-Sora#663.",
+    examples={"fires": [_scenario({"logs/app/node-01.log": _RDZV_TB}),
+                        _scenario({"logs/app/node-01.log": _PANDARALLEL_TB})],
+              "quiet": [_scenario({"logs/app/node-01.log": _RDZV_TB.split("\n")[-1]}),
+                        _scenario({"logs/app/node-01.log": _PANDARALLEL_TB.split("\n")[-1]})]},
 )
 def traceback_frames(ctx: FinalContext) -> None:
     frames = [e for e in ctx.events if e.kind == "traceback_frame" and e.fields.get("area") in _FRAME_AREAS]
     changed = []
     for ev in ctx.events:
-        if ev.kind != "python_exception" or ev.role != "root":
+        if ev.role != "root":
             continue
         for fr in frames:
+            area = _FRAME_AREAS[fr.fields["area"]]
+            if ev.kind not in area.kinds or (area.errno is not None and ev.fields.get("errno") != area.errno):
+                continue
             if fr.path == ev.path and 0 < ev.line - fr.line <= _FRAME_REACH:
-                ev.domain, ev.sub_domain = _FRAME_AREAS[fr.fields["area"]]
-                ev.output = render(f"{ev.fields.get('exc_type')} raised in the rendezvous code "
-                                   f"({fr.fields.get('func')})[[: {{message}}]]", ev)
+                ev.domain, ev.sub_domain = area.domain, area.sub_domain
+                text = area.output.replace("{frame_func}", str(fr.fields.get("func")))
+                ev.output = render(text.replace("{exc_type}", str(ev.fields.get("exc_type"))), ev)
                 changed.append(ev)
                 break
     if changed:
