@@ -6,5 +6,9 @@
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("firstfault.schemas._rawline", ["schemas/_rawline.c"], optional=True),
-                   Extension("firstfault.schemas._eventbatch", ["schemas/_eventbatch.c"], optional=True)])
+_SHARED = ["schemas/_avro_time.h"]      # timestamp-micros -> datetime, included by both
+
+setup(ext_modules=[
+    Extension("firstfault.schemas._rawline", ["schemas/_rawline.c"], depends=_SHARED, optional=True),
+    Extension("firstfault.schemas._eventbatch", ["schemas/_eventbatch.c"], depends=_SHARED, optional=True),
+])

@@ -30,7 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define USEC_PER_DAY INT64_C(86400000000)
+#include "_avro_time.h"
 
 static const char FINGERPRINT[8] = {0x6a, (char)0x96, 0x52, (char)0xc4, 0x15, 0x3c, 0x65, (char)0x88};
 
@@ -157,44 +157,18 @@ read_long_obj(Reader *r)
     return PyLong_FromLongLong(v);
 }
 
-/* days since 1970-01-01 -> civil date (H. Hinnant's civil_from_days). */
-static void
-civil_from_days(int64_t z, int64_t *y, int *m, int *d)
-{
-    z += 719468;
-    const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-    const int64_t doe = z - era * 146097;
-    const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    const int64_t mp = (5 * doy + 2) / 153;
-    *d = (int)(doy - (153 * mp + 2) / 5 + 1);
-    *m = (int)(mp < 10 ? mp + 3 : mp - 9);
-    *y = yoe + era * 400 + (*m <= 2);
-}
-
 /* timestamp-micros: epoch + timedelta(microseconds=us), an aware UTC datetime. */
 static PyObject *
 read_timestamp(Reader *r)
 {
     int64_t us;
+    int out_of_range = 0;
     if (read_long(r, &us) < 0)
         return NULL;
-    int64_t days = us / USEC_PER_DAY, rem = us % USEC_PER_DAY;
-    if (rem < 0) {
-        rem += USEC_PER_DAY;
-        days -= 1;
-    }
-    int64_t y;
-    int m, d;
-    civil_from_days(days, &y, &m, &d);
-    if (y < 1 || y > 9999) {
+    PyObject *o = utc_from_micros(us, &out_of_range);
+    if (o == NULL && out_of_range)
         refuse(r, "timestamp out of range");
-        return NULL;
-    }
-    int64_t secs = rem / 1000000;
-    return PyDateTimeAPI->DateTime_FromDateAndTime(
-        (int)y, m, d, (int)(secs / 3600), (int)(secs / 60 % 60), (int)(secs % 60), (int)(rem % 1000000),
-        PyDateTime_TimeZone_UTC, PyDateTimeAPI->DateTimeType);
+    return o;
 }
 
 /* ["null", T]: None or what read gives. */

@@ -17,7 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define USEC_PER_DAY INT64_C(86400000000)
+#include "_avro_time.h"
+
 
 /* Field names, in the schema's order (also the order of the instance's __dict__). */
 enum { F_HOST, F_PATH, F_LINE, F_TEXT, F_SOURCE, F_WORKLOAD, F_TS, N_FIELDS };
@@ -174,44 +175,6 @@ string(Cache *c, Span s, int *refused)
     return o;
 }
 
-/* days since 1970-01-01 -> civil date (H. Hinnant's days_from_civil, inverted). */
-static void
-civil_from_days(int64_t z, int64_t *y, int *m, int *d)
-{
-    z += 719468;
-    const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
-    const int64_t doe = z - era * 146097;
-    const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    const int64_t mp = (5 * doy + 2) / 153;
-    *d = (int)(doy - (153 * mp + 2) / 5 + 1);
-    *m = (int)(mp < 10 ? mp + 3 : mp - 9);
-    *y = yoe + era * 400 + (*m <= 2);
-}
-
-/* timestamp-micros -> aware UTC datetime, equal to _EPOCH + timedelta(microseconds=us);
- * NULL with *refused set outside years 1..9999 (where that addition overflows). */
-static PyObject *
-timestamp(int64_t us, int *refused)
-{
-    int64_t days = us / USEC_PER_DAY, rem = us % USEC_PER_DAY;
-    if (rem < 0) {
-        rem += USEC_PER_DAY;
-        days -= 1;
-    }
-    int64_t y;
-    int m, d;
-    civil_from_days(days, &y, &m, &d);
-    if (y < 1 || y > 9999) {
-        *refused = 1;
-        return NULL;
-    }
-    int64_t secs = rem / 1000000;
-    return PyDateTimeAPI->DateTime_FromDateAndTime(
-        (int)y, m, d, (int)(secs / 3600), (int)(secs / 60 % 60), (int)(secs % 60), (int)(rem % 1000000),
-        PyDateTime_TimeZone_UTC, PyDateTimeAPI->DateTimeType);
-}
-
 /* avro._construct: cls.__new__(cls), then __dict__ and pydantic's three slots set generically. */
 static PyObject *
 construct(PyTypeObject *cls, PyObject *values)
@@ -246,7 +209,7 @@ build_values(const Parsed *r, Cache caches[N_FIELDS], PyObject *vals[N_FIELDS])
         || (vals[F_WORKLOAD] = string(&caches[F_WORKLOAD], r->workload, &refused)) == NULL)
         goto fail;
     if (r->has_ts) {
-        if ((vals[F_TS] = timestamp(r->ts, &refused)) == NULL)
+        if ((vals[F_TS] = utc_from_micros(r->ts, &refused)) == NULL)
             goto fail;
     }
     else {
