@@ -3,6 +3,7 @@
 
     python bench/accuracy.py [--set corpus|samples|generated|all] [--json] [--only PREFIX]
                              [--min-accuracy X] [--max-confident-wrong Y] [--min-recovery Z] [--wrap]
+                             [--shapes] [--shapes-must-agree]
 
 A case is right when the diagnosis' ``sub_domain`` equals the expected one (for a
 status other than attributed that is ``unattributed``, ``ambiguous`` or ``none``).
@@ -13,12 +14,22 @@ unattributed rate, the confusion list and, with the floors given, exits 1 below 
 
 ``--wrap`` measures the way the engine was tried before it read bare inputs: each
 case's files put in a bundle with a minimal ``workload.json`` naming one node.
+
+``--shapes`` runs every corpus case three ways (bare = folder = bundle: the same lines must
+give the same answer however they are handed over): ``posted`` (the case's input as it is, a
+file or a folder), ``folder`` (the input's files copied into another layout: nested folders,
+other file names, modification times kept) and ``bundle`` (``--wrap``'s bundle, its record
+stating nothing the lines do not: state UNKNOWN, no nodes, each file under its own name in
+``logs/app/``). It prints each shape's accuracy and the cases whose status, sub_domain or
+nodes (responsible and suspect) differ between shapes; ``--shapes-must-agree`` exits 1 on any
+difference, and the floors then hold for every shape.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,23 +80,103 @@ def generated_cases(tmp: Path) -> list[dict]:
     return out
 
 
-def wrap(case: dict, tmp: Path) -> Path:
-    """A minimal bundle around a bare input, as the engine was tried before it read them."""
+def wrap(case: dict, tmp: Path, neutral: bool = False) -> Path:
+    """A minimal bundle around a bare input, as the engine was tried before it read them.
+
+    ``neutral``: the bundle shape of --shapes: the record states nothing the lines do not
+    (state UNKNOWN, no nodes; start_time is required, so a date before any log), and each file
+    keeps its own name under logs/app/. The plain wrap says the job FAILED on node-01."""
     src = Path(case["_input"])
     if (src / "workload.json").is_file():
         return src
-    dest = tmp / "wrapped" / case["id"]
+    dest = tmp / ("neutral" if neutral else "wrapped") / case["id"]
     (dest / "logs" / "app").mkdir(parents=True, exist_ok=True)
     files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
-    for f in files:
-        (dest / "logs" / "app" / f"node-01.{f.name}.log").write_bytes(f.read_bytes())
-    (dest / "workload.json").write_text(json.dumps({
-        "workload_id": case["id"], "state": "FAILED", "start_time": "2000-01-01T00:00:00Z",
-        "nodes": ["node-01"]}))
+    used: set[str] = set()
+    for i, f in enumerate(files):
+        name = f"node-01.{f.name}.log"
+        if neutral:                       # its own name (a host's or a rank's name says so), unique
+            name = f"{f.stem}.log" if f"{f.stem}.log" not in used else f"{i:02d}-{f.stem}.log"
+        used.add(name)
+        shutil.copy2(f, dest / "logs" / "app" / name)
+    record = {"workload_id": case["id"], "state": "FAILED", "start_time": "2000-01-01T00:00:00Z", "nodes": ["node-01"]}
+    if neutral:
+        record = {"workload_id": case["id"], "state": "UNKNOWN", "start_time": "2000-01-01T00:00:00Z"}
+    (dest / "workload.json").write_text(json.dumps(record))
     return dest
 
 
-def run(cases: list[dict], tmp: Path, use_wrap: bool, progress: bool) -> list[dict]:
+SHAPES = ("posted", "folder", "bundle")
+
+
+def refold(case: dict, tmp: Path) -> Path:
+    """The input's files in a folder of another layout, as a user might have them: each log in a
+    folder of its own under another name (its stem kept: a file named after its host or rank says
+    so), beside the input's workload.json if it has one. Modification times are kept (copy2)."""
+    src = Path(case["_input"])
+    dest = tmp / "folder" / case["id"]
+    dest.mkdir(parents=True, exist_ok=True)
+    files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+    for i, f in enumerate(files):
+        if src.is_dir() and f == src / "workload.json":
+            shutil.copy2(f, dest / "workload.json")
+            continue
+        suffix = ".jsonl" if f.suffix == ".jsonl" else ".txt"
+        # metrics keep their place: a DCGM sample file is read by its path, not sniffed
+        rel = (f.relative_to(src) if src.is_dir() and f.relative_to(src).parts[0] == "metrics"
+               else Path("collected") / f"part-{i:02d}" / (f.stem + suffix))
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dest / rel)
+    return dest
+
+
+def shaped(case: dict, shape: str, tmp: Path) -> Path:
+    if case["_set"] != "corpus" or shape == "posted":
+        return case["_input"]
+    return wrap(case, tmp, neutral=True) if shape == "bundle" else refold(case, tmp)
+
+
+def _nodes(got: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return tuple(sorted(got.get("responsible_nodes") or ())), tuple(sorted(got.get("suspect_nodes") or ()))
+
+
+def shape_differences(by_shape: dict[str, list[dict]]) -> list[dict]:
+    """Cases whose status, sub_domain or nodes differ between shapes (results in the same case order)."""
+    out = []
+    names = list(by_shape)
+    for rows in zip(*(by_shape[n] for n in names)):
+        seen = {}
+        for name, r in zip(names, rows):
+            g = r["got"]
+            resp, susp = _nodes(g)
+            seen[name] = {"status": g.get("status"), "sub_domain": g.get("sub_domain"),
+                          "responsible_nodes": list(resp), "suspect_nodes": list(susp), "right": r["right"]}
+        keys = ("status", "sub_domain", "responsible_nodes", "suspect_nodes")
+        differ = [k for k in keys if len({json.dumps(v[k]) for v in seen.values()}) > 1]
+        if differ:
+            out.append({"id": rows[0]["id"], "expected": rows[0]["expected"]["sub_domain"], "differ": differ,
+                        "shapes": seen})
+    return out
+
+
+def print_shapes(by_shape: dict[str, list[dict]], diffs: list[dict]) -> None:
+    print("== shapes: the same corpus lines handed over three ways")
+    for name, rs in by_shape.items():
+        rs = [r for r in rs if r["set"] == "corpus"]
+        n = max(1, len(rs))
+        print(f"   {name:7} {len(rs)} cases  accuracy {sum(r['right'] for r in rs) / n:.3f}"
+              f"  confident-wrong {sum(r['confident_wrong'] for r in rs) / n:.3f}"
+              f"  unattributed {sum(r['got'].get('status') == 'unattributed' for r in rs) / n:.3f}")
+    print(f"   {len(diffs)} cases differ between shapes")
+    for d in diffs:
+        print(f"     {d['id']}  (expected {d['expected']}; differ: {', '.join(d['differ'])})")
+        for name, v in d["shapes"].items():
+            nodes = ",".join(v["responsible_nodes"]) or "-"
+            sus = ",".join(v["suspect_nodes"]) or "-"
+            print(f"       {name:7} {v['status']:13} {v['sub_domain']:26} responsible {nodes}  suspect {sus}")
+
+
+def run(cases: list[dict], tmp: Path, use_wrap: bool, progress: bool, shape: str | None = None) -> list[dict]:
     from firstfault.rules.catalog import load_catalog
     from firstfault.rules.engine import analyze_bundle
     from firstfault.rules.errors import BundleError
@@ -107,7 +198,10 @@ def run(cases: list[dict], tmp: Path, use_wrap: bool, progress: bool) -> list[di
     results = []
     t0 = time.monotonic()
     for i, case in enumerate(cases, 1):
-        path = wrap(case, tmp) if use_wrap and case["_set"] == "corpus" else case["_input"]
+        if shape is not None:
+            path = shaped(case, shape, tmp)
+        else:
+            path = wrap(case, tmp) if use_wrap and case["_set"] == "corpus" else case["_input"]
         exp = case["expected"]
         got: dict = {}
         try:
@@ -201,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="corpus case ids starting with this")
     ap.add_argument("--json", action="store_true", help="print the summary and every case as JSON")
     ap.add_argument("--wrap", action="store_true", help="measure as before bare inputs were read (see above)")
+    ap.add_argument("--shapes", action="store_true",
+                    help="also run every corpus case as posted, refolded and wrapped; list the cases that differ")
+    ap.add_argument("--shapes-must-agree", action="store_true",
+                    help="with --shapes (implied): exit 1 when a case's status, sub_domain or nodes differ between shapes")
     ap.add_argument("--min-accuracy", type=float, help="corpus floor: exit 1 below it")
     ap.add_argument("--max-confident-wrong", type=float, help="corpus ceiling: exit 1 above it")
     ap.add_argument("--min-recovery", type=float, help="corpus floor on the recovery action: exit 1 below it")
@@ -215,22 +313,46 @@ def main(argv: list[str] | None = None) -> int:
         if args.set in ("generated", "all") and not args.only:
             cases += generated_cases(tmp)
         results = run(cases, tmp, args.wrap, progress=not args.json)
+        shapes: dict[str, list[dict]] = {}
+        if args.shapes or args.shapes_must_agree:
+            corpus_only = [c for c in cases if c["_set"] == "corpus"]
+            for name in SHAPES:
+                if name == "posted" and not args.wrap and args.set in ("corpus", "all"):
+                    shapes[name] = [r for r in results if r["set"] == "corpus"]     # already run as posted
+                else:
+                    shapes[name] = run(corpus_only or corpus_cases(args.only), tmp, False,
+                                       progress=not args.json, shape=name)
     summary = summarize(results)
+    diffs = shape_differences(shapes) if shapes else []
     if args.json:
-        json.dump({"summary": summary, "cases": results}, sys.stdout, indent=2, sort_keys=True, default=str)
+        out = {"summary": summary, "cases": results}
+        if shapes:
+            out["shapes"] = {"summary": {name: summarize(rs).get("corpus", {}) for name, rs in shapes.items()},
+                             "differences": diffs}
+        json.dump(out, sys.stdout, indent=2, sort_keys=True, default=str)
         sys.stdout.write("\n")
     else:
         print_human(summary)
+        if shapes:
+            print_shapes(shapes, diffs)
     corpus = summary.get("corpus", {})
     failed = []
-    if args.min_accuracy is not None and corpus.get("cases") and corpus["accuracy"] < args.min_accuracy:
-        failed.append(f"corpus accuracy {corpus['accuracy']:.3f} < floor {args.min_accuracy}")
-    if args.max_confident_wrong is not None and corpus.get("cases") and corpus["confident_wrong"] > args.max_confident_wrong:
-        failed.append(f"corpus confident-wrong {corpus['confident_wrong']:.3f} > ceiling {args.max_confident_wrong}")
+    # The floors hold for the corpus as run, and for each shape of it.
+    blocks = [("corpus", corpus)] + [(f"corpus ({name})", summarize(rs).get("corpus", {})) for name, rs in shapes.items()
+                                     if name != "posted" or args.wrap]
+    for label, b in blocks:
+        if args.min_accuracy is not None and b.get("cases") and b["accuracy"] < args.min_accuracy:
+            failed.append(f"{label} accuracy {b['accuracy']:.3f} < floor {args.min_accuracy}")
+        if args.max_confident_wrong is not None and b.get("cases") and b["confident_wrong"] > args.max_confident_wrong:
+            failed.append(f"{label} confident-wrong {b['confident_wrong']:.3f} > ceiling {args.max_confident_wrong}")
     if args.min_recovery is not None and corpus.get("cases") and (corpus["recovery_accuracy"] or 0) < args.min_recovery:
         failed.append(f"corpus recovery-action accuracy {corpus['recovery_accuracy']:.3f} < floor {args.min_recovery}")
     if any(b.get("crashes") for b in summary.values()):
         failed.append("a case crashed or was refused")
+    if any(r["got"].get("status") in ("crash", "error") for rs in shapes.values() for r in rs):
+        failed.append("a case crashed or was refused in another shape")
+    if args.shapes_must_agree and diffs:
+        failed.append(f"{len(diffs)} corpus cases differ between shapes: {', '.join(d['id'] for d in diffs)}")
     for msg in failed:
         print(f"accuracy: FAIL {msg}", file=sys.stderr)
     return 1 if failed else 0

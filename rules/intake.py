@@ -3,17 +3,22 @@
 Contract section 4: ``analyze`` takes a bare log file or a folder without
 ``workload.json``. Each file's source is sniffed from its content (kernel/syslog,
 Fabric Manager, scheduler, else application with pasted kernel lines allowed:
-``mixed``); when there is no scheduler record, one is inferred from the lines
-(hosts they name, rank -> host, the stamped time window) and every inference is
-listed so the diagnosis can say what it assumed.
+``mixed``; a kernel log with one application line in it is ``mixed`` too, so the
+lines are read as they would be under ``logs/app/`` of a bundle); when there is no
+scheduler record, or it names no nodes, what it lacks is inferred from the lines
+(hosts they name, rank -> host, the stamped time window, the year of stamps that
+carry none) and every inference is listed so the diagnosis can say what it assumed.
+Bare = folder = bundle: the same lines give the same diagnosis however they come
+(``bench/accuracy.py --shapes-must-agree``).
 """
 from __future__ import annotations
 
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path, PurePosixPath
+from zoneinfo import ZoneInfo
 
 from firstfault.schemas import WorkloadRecord
 
@@ -25,15 +30,24 @@ from .errors import BundleError
 from .jsonsafe import load_json
 from .extract import _whole_lines, source_of
 from .prefixes import StampContext, read_head
+from .stamps import MONTHS, parse_iso, plausible, with_year
 
 SNIFF_LINES = 400                  # lines read to decide a file's source
 SCAN_LINES = 200_000               # lines read per file to infer hosts, ranks and the window
 SCAN_TOTAL = 1_000_000             # ... and over all files (a big folder still starts at once)
 MAX_FILES = 10_000
-_FALLBACK_ANCHOR = datetime(2024, 1, 1, tzinfo=timezone.utc)   # only for logs whose stamps carry no year
+# Year-less stamps (syslog "Nov  2 10:03:11", glog "E1203 00:00:07.812004") take their year from,
+# in order: full dates in the same file, full dates in the input's other files, workload.json's
+# start_time, the file's modification time (a guess the diagnosis names), the day of the analysis
+# (a guess too). Never a fixed date.
+MTIME_LAG = timedelta(days=180)    # a log is written before its mtime: stamps within a year before it (2 days' slack)
+# Read a year-less stamp once with any anchor to learn its month, day and time; its year comes later.
+# (A leap year in range: "Feb 29" is a date.)
+_PROBE = datetime(2024, 7, 1, tzinfo=timezone.utc)
 
 _KERNELISH = re.compile(
-    r"^(?:\[\s*\d+\.\d+\]|<\d>\[|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
+    r"^(?:\[\s*\d+\.\d+\]|<\d>\[|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \w{3} [ \d]?\d \d\d:\d\d:\d\d \d{4}\]"
+    r"|[\w.:-]+: kern:\s+\w+: \["
     r"|\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S+ \S+?(?:\[\d+\])?: "
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* \S+ \S+?(?:\[\d+\])?: )"
     r"|\bkernel: |\bNVRM: ")
@@ -53,6 +67,20 @@ _NCCL_BOOT = re.compile(r"NCCL INFO (?:Bootstrap : Using|NET/Socket : Using|NET/
 # A shell prompt the user pasted with the output: "root@node1:~# dmesg -T", "(venv) user@gpu-3:~/x$ ..."
 _PROMPT = re.compile(r"^(?:\([\w.-]+\) )?[\w.-]+@(?P<host>[A-Za-z][\w.-]*):\S*[#$] ")
 _NOT_HOSTS = {"localhost", "kernel", "user", "root", "unknown", "(none)", "none"}
+# What a user pastes with kernel lines that is not the application's: "...", "[...]", journalctl's
+# "-- Boot 5c1b... --" and "-- Logs begin at ... --" markers.
+_NOT_CONSOLE = re.compile(r"^\s*(?:\[?(?:\.{3}|…|snip|snipped)\]?|-- .* --|-- (?:Logs|Journal) begin.*|-- No entries --)\s*$")
+# A year-less stamp as written, for the note that names its guessed year.
+_YEARLESS = re.compile(r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d\d:\d\d:\d\d"
+                       r"|\b[EWIF]\d{3,4} \d\d:\d\d:\d\d|\b\d\d-\d\d \d\d:\d\d:\d\d")
+# Dates with a year that are not a line's stamp prefix: slurmstepd's "CANCELLED AT 2026-12-03T00:00:07",
+# `date`'s "Wed Dec  2 22:00:04 UTC 2026", a checkpoint's "saved at 2026-12-02 22:00:04". They give the year of
+# the file's year-less stamps (never the window: a date a message mentions is not when it was written).
+_DATED = re.compile(
+    r"(?<![\d.:-])(?P<iso>(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])[T ](?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d)(?![\d:])"
+    r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (?P<day>[ \d]?\d) "
+    r"(?P<hms>\d\d:\d\d:\d\d)(?: [A-Z]{2,5})? (?P<year>(?:19|20)\d\d)\b")
+_DATED_HINT = re.compile(r"(?:19|20)\d\d")      # cheap test before _DATED
 
 
 @dataclass
@@ -62,12 +90,15 @@ class Intake:
     warnings: list[str] = field(default_factory=list)     # files skipped, and why
     host_origin: dict[str, str] = field(default_factory=dict)
     ip_hosts: dict[str, str] = field(default_factory=dict)
+    window_given: bool = False            # only the nodes were inferred: the record's own window stands
 
     def facts(self) -> dict:
         """What the diagnosis should know of the inferences (it lands in the inventory)."""
         out: dict = {}
         if self.inferred:
             out["inferred"] = self.inferred
+            if self.window_given:
+                out["window_given"] = True
         if self.host_origin:
             out["host_origin"] = dict(sorted(self.host_origin.items()))
         if self.ip_hosts:
@@ -85,9 +116,20 @@ def sniff(lines: list[str]) -> str:
         return "fabricmanager"
     if sum(1 for ln in body if _SCHED.search(ln)) >= 0.5 * n:
         return "scheduler"
-    if sum(1 for ln in body if _KERNELISH.search(ln)) >= 0.6 * n:
+    # A kernel log, unless a line of it is the application's: a file sniffed "syslog" is read with
+    # the kernel's patterns only, so one console line among dmesg lines (a DataLoader's "bus error
+    # ... insufficient shared memory") makes it "mixed", read as under logs/app/ of a bundle.
+    # The shell prompt pasted with them and elisions are neither.
+    kernel = sum(1 for ln in body if _KERNELISH.search(ln))
+    if kernel and not any(not _KERNELISH.search(ln) and _console(ln) for ln in body):
         return "syslog"
     return "mixed"
+
+
+
+def _console(line: str) -> bool:
+    """Is this line of a kernel log an application's line (not a prompt, not an elision)?"""
+    return any(c.isalpha() for c in line) and not _PROMPT.match(line) and not _NOT_CONSOLE.match(line)
 
 
 def _head_lines(path: Path, limit: int) -> tuple[list[str], bool]:
@@ -108,9 +150,9 @@ def open_input(path: str | Path, max_archive_bytes: int | None = None) -> Intake
     if not p.exists():
         raise BundleError(f"no such file or folder: {p}")
     if p.is_file() and archive_kind(p) is not None:
-        return _from_archive(p, max_archive_bytes)
+        return _with_nodes(_from_archive(p, max_archive_bytes))
     if p.is_dir() and (p / "workload.json").is_file() and _contract_only(p) and not _partial_record(p):
-        return Intake(bundle=open_bundle(p))
+        return _with_nodes(Intake(bundle=open_bundle(p)))
     if p.is_file():
         files = [(p.name, p)]
         root_name = p.stem or p.name
@@ -151,6 +193,7 @@ def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) 
     if workload_path is not None and workload_path.is_file() and partial is None:
         workload = read_workload(workload_path)
     chosen: list[BundleFile] = []
+    mtimes: dict[str, float] = {}
     for rel, f in files:
         if rel == "workload.json":
             continue
@@ -172,24 +215,104 @@ def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) 
         if not head:
             warnings.append(f"skipped {rel}: empty")
             continue
-        chosen.append(BundleFile(path=rel, size=f.stat().st_size, open_chunks=_file_chunks(f),
+        st = f.stat()
+        mtimes[rel] = st.st_mtime
+        chosen.append(BundleFile(path=rel, size=st.st_size, open_chunks=_file_chunks(f),
                                  source=src or sniff(head)))
     chosen.sort(key=lambda b: b.path)
     if not chosen:
         raise BundleError(f"{root_name}: no log file to read" + (f" ({'; '.join(warnings)})" if warnings else ""))
-    intake = Intake(bundle=Bundle(workload=workload or _placeholder(root_name), files=chosen), warnings=warnings)
-    facts = _scan_facts(chosen, workload)
-    intake.ip_hosts = facts.ip_hosts
+    zone = workload.zone if workload is not None else _given_zone(partial)
+    given_start = workload.start_time if workload is not None else _given_start(partial, zone)
+    facts = _scan_facts(chosen, given_start, mtimes, zone)
     if workload is None:
-        intake.bundle.workload, intake.inferred, intake.host_origin = _infer_workload(root_name, facts, partial)
+        workload, inferred, host_origin = _infer_workload(root_name, facts, partial)
     else:
-        intake.host_origin = {h: how for h, how in facts.host_origin.items() if h in workload.nodes}
+        inferred, host_origin = [], {h: how for h, how in facts.host_origin.items() if h in workload.nodes}
+    intake = Intake(bundle=Bundle(workload=workload, files=chosen), inferred=inferred, warnings=warnings,
+                    host_origin=host_origin, ip_hosts=facts.ip_hosts)
+    return _with_nodes(intake, facts) if not inferred else intake
+
+
+def _with_nodes(intake: Intake, facts: _Facts | None = None) -> Intake:
+    """A complete record that names no nodes (users write such records) takes them from the lines,
+    as a bare file does, and says so; its own window stands. Any other record is read as it is."""
+    wl = intake.bundle.workload
+    if wl.nodes or intake.inferred:
+        return intake
+    if facts is None:
+        facts = _scan_facts(intake.bundle.files, wl.start_time, zone=wl.zone)
+    _short_names(facts)
+    hosts = sorted(facts.hosts)
+    if not hosts:
+        return intake                       # nothing to infer: the record as it is
+    ranks = dict(wl.ranks) or {r: h for r, h in sorted(facts.ranks.items()) if h in facts.hosts}
+    try:
+        filled = parse_workload({**wl.model_dump(), "nodes": hosts, "ranks": ranks})
+    except BundleError:
+        return intake                       # e.g. more GPUs than a record may have: as it is
+    how = "; ".join(f"{h} from {facts.host_origin[h]}" for h in hosts if h in facts.host_origin)
+    note = {"kind": "workload", "hosts": hosts, "ranks": sorted(filled.ranks),
+            "detail": f"workload.json names no nodes: nodes inferred from the lines ({how})"
+                      + (f"; rank to host for {len(filled.ranks)} ranks from NCCL init / torchrun lines"
+                         if filled.ranks and not wl.ranks else "")}
+    intake.bundle.workload = filled
+    intake.inferred = [note]
+    intake.window_given = True
+    intake.host_origin = {h: facts.host_origin[h] for h in hosts if h in facts.host_origin}
+    intake.ip_hosts = intake.ip_hosts or facts.ip_hosts
     return intake
 
 
-def _placeholder(name: str) -> WorkloadRecord:
-    return WorkloadRecord(workload_id=name[:256] or "input", state="UNKNOWN", scheduler="unknown",
-                          start_time=_FALLBACK_ANCHOR)
+def _given_start(partial: dict | None, zone: tzinfo) -> datetime | None:
+    """A partial record's start_time, when it has a readable one (the year of year-less stamps)."""
+    value = (partial or {}).get("start_time")
+    if not isinstance(value, str):
+        return None
+    return parse_iso(value, zone)
+
+
+def _given_zone(partial: dict | None) -> tzinfo:
+    """A partial record's time zone, when it names a known one: zone-less stamps are read in it,
+    here as the extraction reads them (else the window read here is hours off theirs)."""
+    value = (partial or {}).get("timezone")
+    if isinstance(value, str) and value:
+        try:
+            return ZoneInfo(value)
+        except (ValueError, OSError, KeyError):     # ZoneInfoNotFoundError is a KeyError
+            pass
+    return timezone.utc
+
+
+@dataclass
+class _FileTimes:
+    """What one file's stamps say of time: full stamps, and the year-less ones (month, day, time)."""
+    path: str
+    mtime: float | None = None
+    own: datetime | None = None            # the first full date in the file (a stamp, else one a line states)
+    first: datetime | None = None          # earliest and latest full stamp prefixes
+    last: datetime | None = None
+    yearless: dict[tuple[int, int], list[tuple[int, int, int, int]]] = field(default_factory=dict)   # (mo, dd) -> [min, max]
+    sample: str = ""                       # one year-less stamp as written (for the note)
+
+    def note_full(self, stamp: datetime, prefix: bool) -> None:
+        if self.own is None:
+            self.own = stamp
+        if prefix:
+            self.first = stamp if self.first is None else min(self.first, stamp)
+            self.last = stamp if self.last is None else max(self.last, stamp)
+
+    def note_yearless(self, stamp: datetime, text: str) -> None:
+        key = (stamp.month, stamp.day)
+        hms = (stamp.hour, stamp.minute, stamp.second, stamp.microsecond)
+        span = self.yearless.get(key)
+        if span is None:
+            self.yearless[key] = [hms, hms]
+        else:
+            span[0], span[1] = min(span[0], hms), max(span[1], hms)
+        if not self.sample:
+            m = _YEARLESS.search(text, 0, 200)
+            self.sample = m.group(0) if m else text[:24].strip()
 
 
 @dataclass
@@ -200,7 +323,14 @@ class _Facts:
     ip_hosts: dict[str, str] = field(default_factory=dict)
     first: datetime | None = None
     last: datetime | None = None
-    anchor: datetime | None = None
+    dated: datetime | None = None          # the earliest full date any line states (no stamp prefix at all)
+    guessed: list[dict] = field(default_factory=list)   # year-less stamps whose year is a guess (mtime, today)
+    mtimes: list[datetime] = field(default_factory=list)
+
+    def undated_start(self) -> datetime:
+        """A start for lines with no date at all (nothing is placed by it): the files' first
+        modification time, else now."""
+        return min(self.mtimes) if self.mtimes else datetime.now(timezone.utc).replace(microsecond=0)
 
 
 def _note_host(facts: _Facts, host: str | None, how: str) -> str | None:
@@ -211,17 +341,20 @@ def _note_host(facts: _Facts, host: str | None, how: str) -> str | None:
     return host
 
 
-def _scan_facts(files: list[BundleFile], workload: WorkloadRecord | None) -> _Facts:
-    """One pass over the logs: hosts they name, rank -> host, the stamped window, IP -> host."""
+def _scan_facts(files: list[BundleFile], start: datetime | None, mtimes: dict[str, float] | None = None,
+                zone: tzinfo = timezone.utc) -> _Facts:
+    """One pass over the logs: hosts they name, rank -> host, the stamped window, IP -> host.
+
+    ``start``: the record's start_time when there is one; ``zone``: its time zone (stamps without
+    one are read in it). Each file's year-less stamps get their year after every file is read
+    (see ``_year_anchor``), so neither the files' order nor their layout changes it."""
     facts = _Facts()
-    # Year-less stamps take the year nearest an anchor: the record's start, else the first
-    # stamp that carries a year, else a fixed date (order is all that matters then).
-    anchor = workload.start_time if workload else None
-    pending: list[tuple[str, str]] = []
+    times: list[_FileTimes] = []
     budget = SCAN_TOTAL
     for bf in files:
         if bf.source == "metrics" or source_of(bf.path) == "metrics" or budget <= 0:
             continue
+        pending: list[tuple[str, str]] = []
         n = 0
         for chunk in _whole_lines(bf.open_chunks()):
             for raw in chunk.split(b"\n"):
@@ -231,27 +364,81 @@ def _scan_facts(files: list[BundleFile], workload: WorkloadRecord | None) -> _Fa
                 pending.append((bf.source or source_of(bf.path) or "app", raw[:4096].decode("utf-8", "replace")))
             if n > SCAN_LINES:
                 break
-        if anchor is None:
-            for _src, text in pending:
-                h = read_head(text, StampContext(zone=timezone.utc, anchor=_FALLBACK_ANCHOR))
-                if h.stamp is not None and h.quality == "exact":
-                    anchor = h.stamp
-                    break
-        _read_lines(facts, pending, anchor or _FALLBACK_ANCHOR)
+        ft = _FileTimes(path=bf.path, mtime=(mtimes or {}).get(bf.path))
+        if (when := _plausible_mtime(ft.mtime)) is not None:
+            facts.mtimes.append(when)
+        _read_lines(facts, pending, ft, zone)
+        times.append(ft)
         budget -= len(pending)
-        pending = []
-    facts.anchor = anchor
+    _place_years(facts, times, start, zone)
     return facts
 
 
-def _read_lines(facts: _Facts, lines: list[tuple[str, str]], anchor: datetime) -> None:
-    ctx = StampContext(zone=timezone.utc, anchor=anchor)
+def _year_anchor(ft: _FileTimes, times: list[_FileTimes], start: datetime | None) -> tuple[datetime, str]:
+    """The instant a file's year-less stamps are read nearest to, and where it came from."""
+    if ft.own is not None:
+        return ft.own, "file"
+    others = [t.own for t in times if t is not ft and t.own is not None]
+    if others:
+        return min(others), "other files"
+    if start is not None:
+        return start, "workload.json"
+    when = _plausible_mtime(ft.mtime)
+    if when is not None:
+        return when - MTIME_LAG, "mtime"
+    return datetime.now(timezone.utc) - MTIME_LAG, "today"
+
+
+def _plausible_mtime(mtime: float | None) -> datetime | None:
+    """A modification time that can date a log: after 1990 and not in the future (an archive
+    member without one reads as 1970; a clock far ahead is no evidence either)."""
+    if mtime is None:
+        return None
+    try:
+        when = datetime.fromtimestamp(mtime, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
+    if when.year < 1990 or when > datetime.now(timezone.utc) + timedelta(days=2):
+        return None
+    return when
+
+
+def _place_years(facts: _Facts, times: list[_FileTimes], start: datetime | None, zone: tzinfo) -> None:
+    """Year-less stamps get the year nearest their file's anchor; the window spans every stamp."""
+    stamps = [t for ft in times for t in (ft.first, ft.last) if t is not None]
+    for ft in times:
+        if not ft.yearless:
+            continue
+        anchor, basis = _year_anchor(ft, times, start)
+        years: set[int] = set()
+        for (mo, dd), span in ft.yearless.items():
+            for hh, mi, ss, us in span:
+                stamp = with_year(mo, dd, hh, mi, ss, us, zone, anchor)
+                if stamp is not None:
+                    stamps.append(stamp)
+                    years.add(stamp.year)
+        if basis in ("mtime", "today") and years:
+            facts.guessed.append({"path": ft.path, "basis": basis, "years": sorted(years), "sample": ft.sample,
+                                  "mtime": _plausible_mtime(ft.mtime)})
+    if stamps:
+        facts.first, facts.last = min(stamps), max(stamps)
+    dated = [ft.own for ft in times if ft.own is not None]
+    facts.dated = min(dated) if dated else None
+
+
+def _read_lines(facts: _Facts, lines: list[tuple[str, str]], ft: _FileTimes, zone: tzinfo = timezone.utc) -> None:
+    ctx = StampContext(zone=zone, anchor=_PROBE)
     block_rank: int | None = None
     for src, text in lines:
         head = read_head(text, ctx)
-        if head.stamp is not None and head.quality in ("exact", "no_year"):
-            facts.first = head.stamp if facts.first is None else min(facts.first, head.stamp)
-            facts.last = head.stamp if facts.last is None else max(facts.last, head.stamp)
+        if head.stamp is not None and head.quality == "exact":
+            ft.note_full(head.stamp, prefix=True)
+        elif head.stamp is not None and head.quality == "no_year":
+            ft.note_yearless(head.stamp.astimezone(zone), text)      # as written: month, day, time
+        if ft.own is None and _DATED_HINT.search(text, 0, 512):
+            dated = _dated(text[:512], zone)
+            if dated is not None:
+                ft.note_full(dated, prefix=False)
         host = None
         if head.host:
             host = _note_host(facts, head.host, "NCCL line prefix" if head.dev is not None else "line prefix (syslog header, container or launcher tag)")
@@ -280,6 +467,21 @@ def _read_lines(facts: _Facts, lines: list[tuple[str, str]], anchor: datetime) -
                 facts.ip_hosts.setdefault(m["ip"], host)
 
 
+def _dated(text: str, zone: tzinfo = timezone.utc) -> datetime | None:
+    """The first full date (with its year) a line states anywhere, in UTC (read in ``zone``)."""
+    m = _DATED.search(text)
+    if m is None:
+        return None
+    if m["iso"]:
+        return parse_iso(m["iso"], zone)
+    try:
+        hh, mi, ss = (int(x) for x in m["hms"].split(":"))
+        local = datetime(int(m["year"]), MONTHS[m["mon"]], int(m["day"]), hh, mi, ss, tzinfo=zone)
+        return plausible(local.astimezone(timezone.utc))
+    except (ValueError, OverflowError):
+        return None
+
+
 REQUIRED = ("workload_id", "state", "start_time")
 
 
@@ -295,9 +497,17 @@ def _partial_record(root: Path) -> dict | None:
         raw = load_json(path.read_bytes(), "workload.json")
     except (BundleError, OSError):
         return None                        # parse_workload says what is wrong with it
-    if not isinstance(raw, dict) or all(raw.get(k) not in (None, "") for k in REQUIRED):
+    if not isinstance(raw, dict) or all(_given(k, raw.get(k)) for k in REQUIRED):
         return None
     return raw
+
+
+def _given(key: str, value) -> bool:
+    """Does a record's value say something? ``null`` and ``""`` do not, nor an empty list or map
+    of an optional key (``"nodes": []``); a required key's wrong type is for the parser to name."""
+    if value in (None, ""):
+        return False
+    return key in REQUIRED or not (isinstance(value, (list, dict)) and not value)
 
 
 def _short_names(facts: _Facts) -> None:
@@ -311,11 +521,12 @@ def _short_names(facts: _Facts) -> None:
 
 
 def _infer_workload(name: str, facts: _Facts, partial: dict | None = None) -> tuple[WorkloadRecord, list[dict], dict[str, str]]:
-    given = {k: v for k, v in (partial or {}).items() if v not in (None, "")}
+    given = {k: v for k, v in (partial or {}).items() if _given(k, v)}
     _short_names(facts)
     hosts = sorted(facts.hosts)
     record = {"workload_id": name[:256] or "input", "state": "UNKNOWN", "scheduler": "unknown",
-              "start_time": facts.first or facts.anchor or _FALLBACK_ANCHOR, "end_time": facts.last,
+              "start_time": facts.first or facts.dated or facts.undated_start(),
+              "end_time": facts.last,
               "nodes": hosts, "ranks": {r: h for r, h in sorted(facts.ranks.items()) if h in facts.hosts}}
     record.update(given)
     origin = "workload.json" if partial is not None else "the inferred workload"
@@ -331,10 +542,34 @@ def _infer_workload(name: str, facts: _Facts, partial: dict | None = None) -> tu
     how = "; ".join(f"{h} from {facts.host_origin[h]}" for h in hosts if h in facts.host_origin)
     head = (f"workload.json lacks {', '.join(missing)}: inferred from the lines; " if partial is not None
             else "no workload.json: ")
+    window = ("; time window from the first and last stamped lines" if facts.first
+              else "; no stamped line: order from line positions only")
     notes = [{"kind": "workload", "hosts": hosts, "ranks": sorted(wl.ranks),
               "detail": head + ("state unknown; " if "state" not in given else "")
                         + ("nodes from workload.json" if "nodes" in given else
                            f"nodes inferred from the lines ({how})" if hosts else "no host named in the lines (one unnamed node assumed)")
-                        + ("; time window from the first and last stamped lines" if facts.first else "; no stamped line: order from line positions only")
-                        + (f"; rank to host for {len(wl.ranks)} ranks from NCCL init / torchrun lines" if wl.ranks else "")}]
+                        + window
+                        + (f"; rank to host for {len(wl.ranks)} ranks from NCCL init / torchrun lines" if wl.ranks else "")
+                        + "".join(f"; {note}" for note in _year_notes(facts))}]
+    # One entry: diagnosis_id sorts the inventory's lists, and dicts do not sort.
     return wl, notes, {h: facts.host_origin[h] for h in hosts if h in facts.host_origin}
+
+
+def _year_notes(facts: _Facts) -> list[str]:
+    """One sentence per guessed year: which files, the year, and what it was guessed from."""
+    groups: dict[tuple[str, tuple[int, ...]], list[dict]] = {}
+    for g in facts.guessed:
+        groups.setdefault((g["basis"], tuple(g["years"])), []).append(g)
+    out = []
+    for (basis, years), items in sorted(groups.items()):
+        names = [g["path"] for g in items]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        year = f"{years[0]}-{years[-1]}" if len(years) > 1 else str(years[0])
+        if basis == "mtime":
+            when = min(g["mtime"] for g in items).strftime("%Y-%m-%d")
+            why = f"guessed from the file's modification time ({when})"
+        else:
+            why = f"guessed from the day of the analysis ({datetime.now(timezone.utc):%Y-%m-%d}): no usable modification time"
+        out.append(f"year of the year-less stamps (\"{items[0]['sample']}\") in {shown}: {year}, "
+                   f"{why}, as no line of the input has a full date and no workload.json a start_time")
+    return out

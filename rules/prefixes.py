@@ -31,9 +31,9 @@ _ISO_BARE = re.compile(
 _MPI_TAG = re.compile(r"\[(?P<job>\d{1,10}),(?P<rank>\d{1,7})\]<(?:stdout|stderr)>: ?")
 # "[gpu187:2]:" host and local rank tags (multi-node launchers that tag each line)
 _HOST_RANK = re.compile(r"\[(?P<host>[A-Za-z][\w.-]*):(?P<local>\d{1,5})\]: ?")
-# "[2026-11-02 10:01:00,123] " / slurmctld "[2026-11-02T10:21:14.123] "
+# "[2026-11-02 10:01:00,123] " / slurmctld "[2026-11-02T10:21:14.123] " / Hydra "[2026-11-02 10:01:00,123][name][INFO] - "
 _ISO_BRACKET = re.compile(
-    r"\[(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\]:? ")
+    r"\[(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\](?::? |(?=\[))")
 _DMESG_UPTIME = re.compile(r"\[\s*(?P<up>\d+\.\d+)\] ?")
 _DMESG_DELTA = re.compile(r"\[\s*\+\s*\d+\.\d+\] ?")
 _DMESG_CTIME = re.compile(

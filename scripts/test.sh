@@ -28,4 +28,7 @@ fi
 .venv/bin/python bench/accuracy.py --min-accuracy 0.94 --max-confident-wrong 0.01 --min-recovery 0.95
 # ... and the same cases each wrapped in a minimal bundle (workload.json naming one node, logs under logs/app/)
 .venv/bin/python bench/accuracy.py --set corpus --wrap --min-accuracy 0.93 --max-confident-wrong 0.01
+# ... and bare = folder = bundle: each case as posted, refolded into another layout and under logs/app/ of a
+# bundle whose record states nothing the lines do not; any difference in status, sub_domain or nodes fails
+.venv/bin/python bench/accuracy.py --set corpus --shapes-must-agree --min-accuracy 0.94 --max-confident-wrong 0.01
 .venv/bin/python -m pytest -q "$@"

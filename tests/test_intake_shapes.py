@@ -1,0 +1,92 @@
+"""Bare = folder = bundle (issue 20 item 3): the same lines give the same status, sub_domain and
+nodes as one file, in a folder of any layout, and under logs/app/ of a bundle.
+
+bench/accuracy.py --shapes-must-agree checks it on every corpus case; these are the mechanisms.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from firstfault.rules.engine import analyze_path
+from firstfault.rules.intake import open_input, sniff
+
+# Kernel lines a user pasted with the DataLoader's error (PyTorch's own sentence, verbatim).
+SHM = ("[ 5012.774512] traps: pt_data_worker[30882] general protection fault ip:7f0c9a3b5a2e sp:7f0c2c9fd6c8 "
+       "error:0 in libc-2.31.so[7f0c9a24d000+178000]\n"
+       "[ 5012.774530] Code: Unable to access opcode bytes at RIP 0x7f0c9a3b5a04.\n"
+       "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).\n")
+# NVIDIA/nccl#1045 style: a host named by NCCL's prefix, no workload record naming it.
+NCCL_NOROUTE = ("node5:240:240 [6] NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>\n"
+                "node5:240:240 [6] misc/socket.cc:533 NCCL WARN socketPollConnect: Connect to 10.0.0.4<56849> "
+                "returned 113(No route to host) errno 115(Operation now in progress)\n")
+MINIMAL = {"workload_id": "job-7", "state": "UNKNOWN", "start_time": "2000-01-01T00:00:00Z"}
+
+
+def _three_shapes(tmp_path: Path, name: str, text: str, record: dict | None = None):
+    bare = tmp_path / "bare" / name
+    bare.parent.mkdir(parents=True)
+    bare.write_text(text)
+    folder = tmp_path / "folder"
+    (folder / "from-node" / "2026-11-02").mkdir(parents=True)
+    (folder / "from-node" / "2026-11-02" / (Path(name).stem + ".txt")).write_text(text)
+    bundle = tmp_path / "bundle"
+    (bundle / "logs" / "app").mkdir(parents=True)
+    (bundle / "logs" / "app" / name).write_text(text)
+    (bundle / "workload.json").write_text(json.dumps(record or MINIMAL))
+    return [analyze_path(p).diagnosis for p in (bare, folder, bundle)]
+
+
+def test_a_console_line_among_kernel_lines_is_read_as_under_logs_app(tmp_path):
+    """Mostly dmesg lines, then the application's: a file sniffed "syslog" was read with the
+    kernel's patterns only, and the shm error (an application line) was lost."""
+    assert sniff(SHM.splitlines()) == "mixed"
+    got = _three_shapes(tmp_path, "train.log", SHM)
+    assert [(d.status, d.sub_domain, d.responsible_nodes) for d in got] == [("attributed", "shm_exhausted", [])] * 3
+
+
+def test_kernel_logs_are_still_sniffed_as_kernel_logs():
+    xid = "NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    # a shell prompt and an elision pasted with them are not application lines
+    assert sniff(["root@node1:~# dmesg -T | grep NVRM", f"[Mon Feb 23 16:24:18 2025] {xid}", "[...]",
+                  f"[Mon Feb 23 16:24:19 2025] {xid}"]) == "syslog"
+    # dmesg -T as pasted with an unpadded day, and a kmsg forwarder (Talos)
+    assert sniff([f"[Mon Feb 2 22:52:45 2026] {xid}"] * 3) == "syslog"
+    assert sniff([f"192.168.11.119: kern:     err: [2026-04-22T21:25:20.466440686Z]: {xid}"] * 3) == "syslog"
+    assert sniff([f"[74889.644138] {xid}", "Traceback (most recent call last):", f"[74889.644139] {xid}",
+                  f"[74889.644140] {xid}"]) == "mixed"
+
+
+def test_a_record_that_names_no_nodes_takes_them_from_the_lines_as_a_bare_file_does(tmp_path):
+    got = _three_shapes(tmp_path, "out.log", NCCL_NOROUTE)
+    assert [(d.sub_domain, d.responsible_nodes) for d in got] == [("network_error", ["node5"])] * 3
+    bundle = tmp_path / "bundle"
+    intake = open_input(bundle)
+    wl = intake.bundle.workload
+    # the record's own facts stay: its state, its start, no end read off the lines
+    assert (wl.nodes, wl.state, wl.start_time.year, wl.end_time) == (["node5"], "UNKNOWN", 2000, None)
+    assert intake.facts().get("window_given") is True        # the record's window, not one read off the lines
+    assert "window_given" not in open_input(tmp_path / "bare" / "out.log").facts()
+    notes = [m for m in got[2].missing_evidence if m.kind == "workload"]
+    assert notes and notes[0].detail.startswith("workload.json names no nodes: ") and "node5 from NCCL line prefix" in notes[0].detail
+    assert "time window" not in notes[0].detail
+    # a record that names its nodes is the contract's bundle: read as it is, nothing inferred
+    (bundle / "workload.json").write_text(json.dumps({**MINIMAL, "nodes": ["node-01"]}))
+    intake = open_input(bundle)
+    assert intake.bundle.workload.nodes == ["node-01"] and not intake.inferred
+
+
+def test_the_inferred_window_reads_stamps_in_the_records_time_zone(tmp_path):
+    """A partial record with a time zone: the window read off the lines must be the extraction's
+    (both in that zone). Read in UTC it was 5 hours early, and the node's own kernel line fell
+    outside it: dropped as another job's."""
+    (tmp_path / "logs" / "syslog").mkdir(parents=True)
+    (tmp_path / "logs" / "syslog" / "node1.log").write_text(
+        "Nov  2 10:03:11 node1 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus.\n")
+    (tmp_path / "workload.json").write_text(json.dumps({"workload_id": "job-7", "state": "FAILED",
+                                                        "timezone": "America/New_York"}))
+    wl = open_input(tmp_path).bundle.workload
+    assert wl.start_time.hour == 15 and wl.start_time.minute == 3          # 10:03 in New York
+    d = analyze_path(tmp_path).diagnosis
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "gpu_fell_off_bus", ["node1"])
