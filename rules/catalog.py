@@ -112,6 +112,11 @@ class ExplainsRule:
     before_s: float
     scenarios: tuple[Mapping[str, Any], ...]
     equal: tuple[str, ...] = ()  # keys both events must hold with the same value (Alertmanager `equal`)
+    # explains: source caused target (time decides the order). same_fault: one physical fault
+    # reported by two layers (driver and CUDA); refines: a finer decode of the same family. The
+    # last two are order-free (window_s either side) and fold the target into the source's candidate.
+    relation: str = "explains"
+    references: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)      # identity hash: one compiled prefilter per loaded catalog
@@ -391,19 +396,31 @@ def _early(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lis
 
 
 JOINS = ("same_gpu", "same_host", "within_timeout_window", "after_onset", "same_workload")
+# Relations of identity (catalog keys beside `explains`): where, not when, decides them.
+IDENTITY = ("same_fault", "refines")
+IDENTITY_JOINS = ("same_gpu", "same_host")
+EQUAL_KEYS = ("kind", "source", "host", "gpu_index", "rank", "domain", "sub_domain")
 
 
-def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lists: Mapping[str, Any]) -> ExplainsRule | None:
+def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lists: Mapping[str, Any],
+              relation: str = "explains") -> ExplainsRule | None:
     rid = _common(item, errs, file, ids)
     if rid is None:
         return None
     join = item.get("join")
-    if join not in JOINS:
-        errs.add(file, rid, f"join must be one of {', '.join(JOINS)}")
+    allowed = IDENTITY_JOINS if relation in IDENTITY else JOINS
+    if join not in allowed:
+        errs.add(file, rid, f"join must be one of {', '.join(allowed)}")
+    refs = item.get("references") or []
+    if relation in IDENTITY and (not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs)):
+        errs.add(file, rid, f"a {relation} relation names its sources: references must list them")
+        refs = []
+    if relation in IDENTITY and item.get("before_s") is not None:
+        errs.add(file, rid, f"a {relation} relation is order-free: window_s applies either side, before_s is not used")
     equal = item.get("equal") or []
     if not isinstance(equal, list) or any(not isinstance(k, str) or not (
-            k in ("kind", "source", "host", "gpu_index", "rank") or k.startswith("fields.")) for k in equal):
-        errs.add(file, rid, "equal must list keys: kind, source, host, gpu_index, rank or fields.NAME")
+            k in EQUAL_KEYS or k.startswith("fields.")) for k in equal):
+        errs.add(file, rid, f"equal must list keys: {', '.join(EQUAL_KEYS)} or fields.NAME")
         equal = []
     ex = item.get("examples") or {}
     scenarios = tuple(ex.get("fires") or ()) + tuple(ex.get("quiet") or ())
@@ -417,7 +434,7 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
         join=str(join), window_s=item.get("window_s"), before_s=float(item.get("before_s", 0) or 0),
         scenarios=tuple({"expect": "fires", **s} for s in ex.get("fires") or ())
         + tuple({"expect": "quiet", **s} for s in ex.get("quiet") or ()),
-        equal=tuple(equal),
+        equal=tuple(equal), relation=relation, references=tuple(refs),
     )
 
 
@@ -466,9 +483,10 @@ def _build(files: Mapping[str, Path], root: str, strict: bool) -> tuple[Catalog,
                 if (r := _early(item, rel, errs, ids, lists, taxonomy)) is not None:
                     early.append(r)
         elif rel.startswith("final/"):
-            for item in doc.get("explains") or []:
-                if (r := _explains(item, rel, errs, ids, lists)) is not None:
-                    explains.append(r)
+            for relation in ("explains",) + IDENTITY:
+                for item in doc.get(relation) or []:
+                    if (r := _explains(item, rel, errs, ids, lists, relation)) is not None:
+                        explains.append(r)
             for key, value in (doc.get("settings") or {}).items():
                 if key in settings:
                     errs.add(rel, None, f"setting {key!r} defined twice")

@@ -20,7 +20,7 @@ from firstfault.schemas import (
 from .bundle import source_of
 from .catalog import Catalog
 from .early import run_early
-from .final import SCHEDULER_RECORD, DEFAULT_SETTINGS, FinalContext, reachable, root_order
+from .final import SCHEDULER_RECORD, DEFAULT_SETTINGS, FinalContext, reachable
 from .model import Ev
 from .python import ordered as final_rules
 from .python.final_rules import responsible
@@ -68,7 +68,8 @@ def diagnosis_id(workload: WorkloadRecord, events: Iterable[Ev], inventory: Mapp
     digest.update(dumps(workload.canonical()).encode())
     for ev in sorted(events, key=lambda e: e.signature):
         digest.update(dumps(ev.canonical()).encode())
-    digest.update(dumps({k: sorted(v) if isinstance(v, (set, list, tuple)) else v
+    # Lists in any order hash alike; their members may be dicts (inferred facts), so sort by canonical form.
+    digest.update(dumps({k: sorted(v, key=dumps) if isinstance(v, (set, list, tuple)) else v
                          for k, v in sorted(inventory.items())}).encode())
     digest.update(version.encode())
     return "sha256:" + digest.hexdigest()[:32]
@@ -183,7 +184,7 @@ def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Dia
     if status == "no_failure":
         domain, sub = "none", "none"
     elif status == "attributed":
-        first = sorted(ctx.chosen, key=root_order)[0]
+        first = ctx.chosen[0]           # the FINAL stage put the initiating report first
         domain, sub = first.domain or "unknown", first.sub_domain or "unattributed"
         root = RootCause(
             kind=first.kind, domain=domain, sub_domain=sub, host=first.host, gpu=_gpu(first), rank=first.rank,

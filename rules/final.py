@@ -16,6 +16,9 @@ from firstfault.schemas import WorkloadRecord
 from .catalog import Catalog, Condition, ExplainsRule, Matcher
 from .early import holds, value_of
 from .model import Ev
+from .order import in_file_order, placed, precedes, root_order, same_clock, uptime_gap
+
+__all__ = ["Edge", "FinalContext", "coverage", "joins", "placed", "reachable", "root_order", "run_explains"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "clock_tolerance_s": 10.0,        # host clocks may disagree this much when nothing measures it
@@ -67,6 +70,7 @@ class FinalContext:
     missing: list[dict[str, Any]] = field(default_factory=list)
     recovery: dict[str, Any] | None = None
     coverage_of: dict[int, float] = field(default_factory=dict)
+    fault_of: dict[int, Ev] = field(default_factory=dict)      # id(report) -> the report it was folded into
     _workload_timeout: float | None = None
 
     # ------------------------------------------------------------ views
@@ -84,6 +88,14 @@ class FinalContext:
     @property
     def symptoms(self) -> list[Ev]:
         return self.by_role("symptom")
+
+    def fault(self, ev: Ev) -> Ev:
+        """The report that stands for ``ev``'s fault: itself unless folded into another (same fault, refines)."""
+        seen = 0
+        while id(ev) in self.fault_of and seen < len(self.fault_of):
+            ev = self.fault_of[id(ev)]
+            seen += 1
+        return ev
 
     def step(self, rule_id: str, action: str, events: list[Ev] | None = None, **detail: Any) -> None:
         self.steps.append(Step(rule_id, action, list(events or []), detail))
@@ -103,68 +115,71 @@ class FinalContext:
         return ev.stamp - timedelta(seconds=self.offsets.get(ev.host or "", 0.0))
 
     def timeout_ms(self, ev: Ev) -> float:
-        """The event's stated timeout, else the longest one the workload's lines state, else the default."""
+        """The event's stated timeout, else the longest one the workload's lines state, else the default.
+
+        A stated timeout past a year places no hang in time (PyTorch users set 10^14 ms to mean
+        'never'): it is not used, so the arithmetic stays within datetime's range."""
         value = ev.fields.get("timeout_ms")
-        if isinstance(value, (int, float)) and value > 0:
+        if _usable_timeout(value):
             return float(value)
         if self._workload_timeout is None:
-            seen = [e.fields["timeout_ms"] for e in self.events if isinstance(e.fields.get("timeout_ms"), (int, float))]
+            seen = [e.fields["timeout_ms"] for e in self.events if _usable_timeout(e.fields.get("timeout_ms"))]
             self._workload_timeout = float(max(seen)) if seen else float(self.settings["default_timeout_ms"])
         return self._workload_timeout
 
 
+MAX_TIMEOUT_MS = 366 * 86400 * 1000
+
+
+def _usable_timeout(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_MS
+
+
 # ---------------------------------------------------------------- explains engine
-
-POINT = ("exact", "no_year", "uptime")     # stamp qualities that place a line in time
-
-
-def placed(ev: Ev) -> bool:
-    """Is the event's time a point (its own stamp), not a bound inherited from the line above?"""
-    return ev.corrected_onset is not None and ev.quality in POINT
-
-
-def in_file_order(src: Ev, tgt: Ev) -> bool | None:
-    """Within one file line order is causal order: does ``tgt`` come after ``src``? None across files."""
-    if src.path != tgt.path or src.source == "scheduler" or tgt.source == "scheduler":
-        return None
-    return tgt.line > src.line
-
-
-def uptime_gap(src: Ev, tgt: Ev) -> float | None:
-    """Seconds from ``src`` to ``tgt`` on one host's dmesg uptime clock (same file), else None."""
-    a, b = src.fields.get("uptime_s"), tgt.fields.get("uptime_s")
-    if src.path != tgt.path or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
-        return None
-    return float(b) - float(a)
-
 
 def _same_place(ctx: FinalContext, src: Ev, tgt: Ev) -> bool:
     # Lines that name no host are on the one node of a one-node job (or the one unnamed node).
     return src.host == tgt.host and (bool(src.host) or len(ctx.workload.nodes) <= 1)
 
 
-def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
-    """Does ``src`` explain ``tgt`` under the rule's join and window?"""
-    s_on = ctx.when(src)
-    t_seen = ctx.seen(tgt)
-    t_on = ctx.when(tgt) or t_seen
-    # One host (one file) has one clock: its lines need no tolerance against each other.
-    same_clock = (src.path == tgt.path or (src.host and src.host == tgt.host)) and placed(src) and placed(tgt)
-    tol = timedelta(0) if same_clock else ctx.tol()
-    join = rule.join
+def same_place(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev, unplaced: bool = False) -> bool:
+    """The rule's ``equal`` keys and, for same_host / same_gpu, the place. ``unplaced``: a target
+    that names no host joins too (the caller has made sure the source is the only one it could be)."""
     for key in rule.equal:
         have = value_of(src, key)
         if have is None or have != value_of(tgt, key):
             return False
-    if join in ("same_host", "same_gpu"):
-        if not _same_place(ctx, src, tgt):
-            return False
-        if join == "same_gpu" and src.pci and tgt.pci and src.pci != tgt.pci:
-            return False
-        # Metrics name a GPU by its NVML index; other events' index is the CUDA device (from
-        # NCCL's init line), which CUDA_VISIBLE_DEVICES may renumber: compare within metrics only.
-        if join == "same_gpu" and src.source == tgt.source == "metrics" and src.gpu_index is not None \
-                and tgt.gpu_index is not None and src.gpu_index != tgt.gpu_index:
+    if rule.join not in ("same_host", "same_gpu"):
+        return True
+    if not _same_place(ctx, src, tgt) and not (unplaced and tgt.host is None):
+        return False
+    if rule.join == "same_gpu" and src.pci and tgt.pci and src.pci != tgt.pci:
+        return False
+    # Metrics name a GPU by its NVML index; other events' index is the CUDA device (from
+    # NCCL's init line), which CUDA_VISIBLE_DEVICES may renumber: compare within metrics only.
+    if rule.join == "same_gpu" and src.source == tgt.source == "metrics" and src.gpu_index is not None \
+            and tgt.gpu_index is not None and src.gpu_index != tgt.gpu_index:
+        return False
+    return True
+
+
+def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
+    """Does ``src`` explain ``tgt`` under the rule's join and window?"""
+    if not same_place(ctx, rule, src, tgt):
+        return False
+    s_on = ctx.when(src)
+    t_seen = ctx.seen(tgt)
+    t_on = ctx.when(tgt) or t_seen
+    # One host (one file) has one clock: its lines need no tolerance against each other.
+    tol = timedelta(0) if same_clock(src, tgt) else ctx.tol()
+    join = rule.join
+    if join == "after_onset" and _distinct_cause(src, tgt):
+        # A distinct firm cause is demoted when the times (or line order) say it came later, or,
+        # where they cannot tell, when the rule knows the direction (a GPU loss takes its peers'
+        # links down, never the reverse). A rule that would read the pair either way round knows
+        # no direction: then a guessed order is no order, and both stay candidates.
+        first = precedes(ctx, src, tgt)
+        if first is False or (first is None and holds(rule.source, tgt) and holds(rule.target, src)):
             return False
     if join in ("after_onset", "within_timeout_window") and not (placed(src) and tgt.stamp is not None):
         return _unclocked_follows(ctx, rule, src, tgt)
@@ -178,7 +193,10 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         if tgt.onset is not None and tgt.onset != tgt.stamp and tgt.corrected_onset is not None:
             hang_onset = tgt.corrected_onset
         else:
-            hang_onset = t_seen - timedelta(milliseconds=ctx.timeout_ms(tgt))
+            try:
+                hang_onset = t_seen - timedelta(milliseconds=ctx.timeout_ms(tgt))
+            except OverflowError:           # a stamp near year 1: no hang before it to place
+                return False
         slack = timedelta(seconds=float(ctx.settings["hang_slack_s"])) + tol
         return abs(s_on - hang_onset) <= slack
     if s_on is None or t_on is None:
@@ -206,6 +224,11 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     return True
 
 
+def _distinct_cause(src: Ev, tgt: Ev) -> bool:
+    """Is ``tgt`` a firm root of another sub_domain than ``src``: a cause of its own, not an echo?"""
+    return tgt.role == "root" and tgt.strength == "strong" and tgt.sub_domain != src.sub_domain
+
+
 def _unclocked_follows(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     """Order joins when a clock cannot decide: the source or the target has no time of its own.
 
@@ -227,20 +250,26 @@ def _unclocked_follows(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) 
 
 
 def run_explains(ctx: FinalContext) -> None:
-    """Apply the declarative explains rules in priority order; record edges, demote explained roots."""
+    """Apply the declarative explains rules in priority order; record edges, demote explained roots.
+
+    A report folded into another as the same fault (``ctx.fault_of``) still explains what it
+    caused, for its fault: its edges are reached from the fault's representative."""
     order = sorted(ctx.roots, key=root_order)
     pool = _TargetPool([t for t in ctx.events if id(t) not in ctx.excluded and t.role in ("root", "symptom", "marker")])
     for rule in ctx.catalog.explains:
+        if rule.relation != "explains":
+            continue
         fired: list[Ev] = []
         demoted: list[Ev] = []
         targets = pool.matching(rule.target)
         if not targets:
             continue
         for src in order:
-            if id(src) in ctx.explained_by or not holds(rule.source, src):
+            if (id(src) in ctx.explained_by and id(src) not in ctx.fault_of) or not holds(rule.source, src):
                 continue
+            fault = ctx.fault(src)
             for tgt in targets:
-                if tgt is src or id(tgt) in ctx.explained_by:
+                if tgt is src or id(tgt) in ctx.explained_by or ctx.fault(tgt) is fault:
                     continue
                 if not joins(ctx, rule, src, tgt):
                     continue
@@ -298,12 +327,6 @@ class _TargetPool:
         for key, matcher in cond.terms:
             keep = [a and b for a, b in zip(keep, self._verdict(key, matcher))]
         return [e for e, ok in zip(self.events, keep) if ok]
-
-
-def root_order(ev: Ev) -> tuple:
-    t = ev.corrected_onset
-    return (t is None, t.replace(tzinfo=None) if t else datetime.max, ev.strength != "strong",
-            ev.host or "", ev.path, ev.line)
 
 
 def reachable(ctx: FinalContext, root: Ev) -> list[Ev]:

@@ -65,7 +65,8 @@ def _sentence(text: str) -> str:
 def _why_first(ctx: FinalContext, n_sym: int) -> str:
     chosen = ctx.chosen
     steps = {s.action for s in ctx.steps if s.rule_id == "final.choose"}
-    demoted = len([r for r in ctx.explained_by.values() if r in chosen])
+    folded = [i for i, into in ctx.fault_of.items() if into in chosen]
+    demoted = len([i for i, r in ctx.explained_by.items() if r in chosen and i not in ctx.fault_of])
     if "only_cause" in steps and ctx.coverage < float(ctx.settings["min_coverage"]):
         why = "It is the only cause in the lines, and no stamped line contradicts it"
     elif chosen[0].quality == "inherited":
@@ -80,19 +81,27 @@ def _why_first(ctx: FinalContext, n_sym: int) -> str:
         why = f"It is the earliest cause, and it explains {_pct(ctx.coverage)} of the {n_sym} symptom lines after it"
     else:
         why = "It is the earliest cause in the lines"
+    if folded:
+        why += (f"; {len(folded)} report{'s' if len(folded) != 1 else ''} of the same fault by another layer "
+                f"(CUDA, NCCL, a coarser decode) {'are' if len(folded) != 1 else 'is'} its evidence, not another cause")
     if demoted:
         why += f"; it also explains {demoted} later fault report{'s' if demoted != 1 else ''}"
     return why + "."
 
 
 def _suspect_reason(ctx: FinalContext) -> str:
+    silent = _silent_reason(ctx)
     for st in ctx.steps:
         if st.rule_id == "final.straggler":
             hosts = ", ".join(st.detail.get("hosts", []))
             ranks = sorted({r for e in st.events for r in e.ranks})
             return (f"Strongest suspect: {hosts}: rank{'s' if len(ranks) != 1 else ''} "
                     f"{', '.join(map(str, ranks)) or '?'} never reached collective {st.detail.get('stuck_at')} "
-                    f"that the other ranks waited on.")
+                    f"that the other ranks waited on." + (f" {silent}" if silent else ""))
+    return " ".join(part for part in (silent, _unattributed_reason(ctx)) if part)
+
+
+def _unattributed_reason(ctx: FinalContext) -> str:
     for st in ctx.steps:
         if st.rule_id == "final.choose" and st.action == "unattributed" and st.events:
             hosts = sorted({e.host for e in st.events if e.host} | {h for h in ctx.suspects if h})
@@ -103,3 +112,34 @@ def _suspect_reason(ctx: FinalContext) -> str:
             return (f"Root-like lines ({', '.join(kinds)}) explain too little of the failure"
                     + (f"; suspects: {', '.join(hosts)}." if hosts else "."))
     return ""
+
+
+def _silent_reason(ctx: FinalContext) -> str:
+    """final.silent_ranks: the ranks whose logs are present but say nothing of the hung collective."""
+    st = next((s for s in ctx.steps if s.rule_id == "final.silent_ranks" and s.action == "suspect"), None)
+    if st is None:
+        return ""
+    d = st.detail
+    ranks = d.get("silent_ranks", [])
+    where = d.get("rank_hosts", {})
+    by_host: dict[str, list[int]] = {}
+    for r in ranks:
+        by_host.setdefault(where.get(str(r), ""), []).append(r)
+    named = ", ".join(_spans(rs) + (f" ({host})" if host else "") for host, rs in by_host.items())
+    one = len(ranks) == 1
+    op = f" ({d['op']})" if d.get("op") else ""
+    return (f"Suspect: rank{'' if one else 's'} {named} printed nothing about collective {d.get('collective')}{op} "
+            f"while {d.get('timed_out')} of {d.get('world_size')} ranks timed out on it; "
+            f"{'its' if one else 'their'} other lines are in the logs, so the silence is evidence, "
+            f"not a log left out.")
+
+
+def _spans(ranks: list[int]) -> str:
+    """[3, 16, 17, 18] -> '3, 16-18'."""
+    out: list[str] = []
+    for r in sorted(ranks):
+        if out and out[-1].split("-")[-1] == str(r - 1):
+            out[-1] = out[-1].split("-")[0] + f"-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)

@@ -12,8 +12,10 @@ from typing import NamedTuple
 
 from ..bundle import source_of
 from ..early import render
-from ..final import FinalContext, coverage, placed, reachable, root_order, run_explains
+from ..final import FinalContext, coverage, reachable, run_explains
+from ..identity import fold_identities
 from ..model import Ev
+from ..order import first_cause, placed, root_order
 from . import final_rule
 
 _S = {"workload": {"workload_id": "ex", "state": "FAILED", "start_time": "2026-11-02T09:58:00Z",
@@ -46,7 +48,8 @@ def scope(ctx: FinalContext) -> None:
     start, end = wl.start_time - before, (wl.end_time + after) if wl.end_time else None
     nodes = set(wl.nodes)
     # Without a scheduler record the window was read off the lines themselves: nothing is outside it.
-    timed = not ctx.settings.get("_inventory", {}).get("inferred")
+    info = ctx.settings.get("_inventory", {})
+    timed = not info.get("inferred") or bool(info.get("window_given"))
     out: list[Ev] = []
     for ev in ctx.roots:
         if ev.source == "scheduler" and ev.kind == "scheduler_end":
@@ -314,6 +317,29 @@ def lone_recovery_action(ctx: FinalContext) -> None:
         ctx.step("final.lone_recovery_action", "promote", promoted)
 
 
+_ECC94 = "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:9b:00): 94, pid=48211, name=python3, Contained: SM (0x1). RST: No, D-RST: No"
+_CUDA_ECC = "11: [rank11]: RuntimeError: CUDA error: uncorrectable ECC error encountered"
+
+
+@final_rule(
+    id="final.identity", priority=620, title="One fault, one candidate",
+    description="Applies the catalog's identity relations (same_fault, refines: rules/catalog/final/identity.yaml) "
+                "before the explains rules: a report that another report's fault accounts for (CUDA's error string "
+                "for the driver's Xid on that host, a plain NVLink error beside its signal-integrity decode) is "
+                "folded into that candidate, whichever line a clock puts first.",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": _ECC94,
+                                   "logs/app/node-02.log": "11: [2026-11-02 10:02:40,000] INFO step 1200\n" + _CUDA_ECC})],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _ECC94}),
+                        _scenario({"logs/syslog/node-01.log": _ECC94.replace("node-02", "node-01"),
+                                   "logs/app/node-02.log": "11: [2026-11-02 10:02:40,000] INFO step 1200\n" + _CUDA_ECC})]},
+)
+def identity(ctx: FinalContext) -> None:
+    before = len(ctx.fault_of)
+    fold_identities(ctx)
+    if len(ctx.fault_of) > before:
+        ctx.step("final.identity", "fold", [], reports=len(ctx.fault_of) - before)
+
+
 @final_rule(
     id="final.explains", priority=600, title="Draw the explains edges",
     description="Runs the declarative explains rules (rules/catalog/final): each links a root candidate to the "
@@ -365,13 +391,19 @@ def completed_in_lines(ctx: FinalContext) -> None:
         return
     last = max(done, key=lambda e: (e.path, e.line))
     firm = [r for r in ctx.independent_roots if r.strength != "echo"]
-    # A cause before the end of the run, or one that cannot be placed against it, is a failure.
-    if any(r.path != last.path or r.line < last.line for r in firm):
+    # A cause before the end of the run, or one that cannot be placed against it, is a failure; after
+    # it, the scheduler ending the job (a hang at exit until the time limit) or a firm fault that is
+    # not an exit-time exception (a CUDA OOM in the test loop after fit) is one too.
+    if any(r.path != last.path or r.line < last.line or _after_the_end_fails(r) for r in firm):
         return
     ctx.status = "no_failure"
     ctx.step("final.completed_in_lines", "no_failure", done,
              reason="the program's own end-of-run line; what follows it is teardown",
              teardown=len([r for r in ctx.roots if r.path == last.path and r.line > last.line]))
+
+
+def _after_the_end_fails(root: Ev) -> bool:
+    return root.domain == "scheduler" or (root.strength == "strong" and root.kind != "python_exception")
 
 
 @final_rule(
@@ -432,7 +464,7 @@ def choose(ctx: FinalContext) -> None:
         groups[r.sub_domain or "?"].append(r)
     if len(groups) == 1:
         ctx.status = "attributed"
-        ctx.chosen = sorted(firm, key=root_order)
+        ctx.chosen = first_cause(ctx, firm)
         ctx.coverage = coverage(ctx, ctx.chosen)
         ctx.step("final.choose", "attribute", ctx.chosen, coverage=ctx.coverage,
                  considered=len(roots), fitting=len(fits))
@@ -592,21 +624,19 @@ def recovery(ctx: FinalContext) -> None:
                         "next_step": _collect_next(ctx)}
         ctx.step("final.recovery", "notify_owner", [], reason=f"{ctx.status}: no automated action")
         return
-    root = ctx.chosen[0]
-    entry = ctx.catalog.taxonomy.get(root.domain or "", {}).get(root.sub_domain or "", {})
-    action = entry.get("recovery", "notify_owner")
-    nodes = responsible(ctx)
-    reasons = [f"{root.sub_domain} ({entry.get('summary', root.kind)})"]
+    # Each chosen report's own action (NVIDIA's resolution for its Xid, its strength); the most
+    # severe decides, on the hosts of the reports that call for it: a contained Xid 94 on one
+    # node does not make an uncontained error on another a retry.
+    entry = ctx.catalog.taxonomy.get(ctx.chosen[0].domain or "", {}).get(ctx.chosen[0].sub_domain or "", {})
+    base = entry.get("recovery", "notify_owner")
+    own_actions = [(r, *_own_action(r, base)) for r in ctx.chosen]
+    # max() keeps the first of equals: the initiating report decides among equally severe ones.
+    root, action, why = max(own_actions, key=lambda a: _SEVERITY.get(a[1], 0))
+    severe = ("drain_nodes", "retry_excluding_nodes")
+    nodes = [] if root.domain == "scheduler" else sorted({r.host for r, act, _ in own_actions if r.host and act in severe})
+    reasons = [f"{root.sub_domain} ({entry.get('summary', root.kind)})"] + why
     unnamed = False
-    # NVIDIA's resolution belongs to the Xid that was logged, not to one a marker refers to.
-    vendor = None if "referred_xid" in root.fields else root.fields.get("immediate")
-    if isinstance(vendor, str) and vendor in _VENDOR_ACTION and action in ("drain_nodes", "retry_excluding_nodes"):
-        # NVIDIA's resolution for the Xid decides how much of the node is affected.
-        action = _VENDOR_ACTION[vendor]
-        reasons.append(f"NVIDIA's resolution for this Xid is {vendor}")
-    if action == "drain_nodes" and all(r.strength != "strong" for r in ctx.chosen):
-        action = "retry_excluding_nodes"
-        reasons.append("the evidence is indirect, so the node is excluded from the rerun, not drained")
+    vendor = _vendor(root)
     if action in ("drain_nodes", "retry_excluding_nodes") and not nodes:
         # A rerun would likely land on the same broken node: a person must find it first.
         action = "notify_owner"
@@ -632,6 +662,27 @@ def recovery(ctx: FinalContext) -> None:
 # NVIDIA's Xid catalog resolution buckets -> how much recovery may do.
 _VENDOR_ACTION = {"RESTART_APP": "retry", "RESET_GPU": "drain_nodes", "RESTART_BM": "drain_nodes",
                   "RESTART_VM": "drain_nodes", "REBOOT": "drain_nodes"}
+_SEVERITY = {"drain_nodes": 3, "retry_excluding_nodes": 2, "retry": 1}
+
+
+def _vendor(root: Ev) -> str | None:
+    """NVIDIA's resolution belongs to the Xid that was logged, not to one a marker refers to."""
+    vendor = None if "referred_xid" in root.fields else root.fields.get("immediate")
+    return vendor if isinstance(vendor, str) else None
+
+
+def _own_action(root: Ev, action: str) -> tuple[str, list[str]]:
+    """What one chosen report calls for, from its sub_domain's ``action``, and why it differs."""
+    why = []
+    vendor = _vendor(root)
+    if vendor in _VENDOR_ACTION and action in ("drain_nodes", "retry_excluding_nodes"):
+        # NVIDIA's resolution for the Xid decides how much of the node is affected.
+        action = _VENDOR_ACTION[vendor]
+        why.append(f"NVIDIA's resolution for this Xid is {vendor}")
+    if action == "drain_nodes" and root.strength != "strong":
+        action = "retry_excluding_nodes"
+        why.append("the evidence is indirect, so the node is excluded from the rerun, not drained")
+    return action, why
 
 
 def _collect_next(ctx: FinalContext) -> str:
@@ -645,7 +696,17 @@ def _collect_next(ctx: FinalContext) -> str:
         where = ", ".join(first["hosts"]) if first["hosts"] else "the job's hosts"
         return f"collect {first['detail']} ({where})"
     if ctx.suspects:
-        return "collect the kernel log and the application log of " + ", ".join(sorted(h for h in ctx.suspects if h))
+        # Ask only for what the input lacks: a suspect whose logs are here needs a look at the host itself.
+        info = ctx.settings.get("_inventory", {})
+        have_kernel = set(info.get("syslog_hosts", ()))
+        have_app = set(info.get("app_hosts", ())) | {e.host for e in ctx.events if e.source == "app" and e.host}
+        hosts = sorted(h for h in ctx.suspects if h)
+        asks = [f"the {what} of {', '.join(lack)}" for what, have in (("kernel log", have_kernel), ("application log", have_app))
+                if (lack := [h for h in hosts if h not in have])]
+        if asks:
+            return "collect " + " and ".join(asks)
+        return (f"the logs of {', '.join(hosts)} are in the input already: look at the host itself "
+                "(nvidia-smi, dmesg -T, a py-spy dump of its hung ranks) before the rerun")
     return "collect every rank's full log and each host's kernel log (dmesg -T) around the failure"
 
 

@@ -1,0 +1,51 @@
+"""One fault, one cause: reports of one physical fault become one candidate.
+
+The catalog's identity relations (``same_fault`` and ``refines`` in ``catalog/final/*.yaml``)
+say which reports are one fault: the driver's Xid and CUDA's error string for it on the same
+host (``same_fault``), or a finer decode of the same family (``refines``: an NVLink5 link-down
+decoded as signal integrity refines a plain NVLink error). Where they hold, the target report
+is folded into the source's candidate: it stays evidence, it still explains what it caused
+(for its fault), and it never competes as a second cause. Order decides nothing here: two
+reports of one fault are one fault whichever clock put one before the other, so the join is
+on place (and the declared window either side, as far as the times' bases can tell).
+"""
+from __future__ import annotations
+
+from .early import holds
+from .final import Edge, FinalContext, same_place
+from .model import Ev
+from .order import root_order, within
+
+
+def fold_identities(ctx: FinalContext) -> None:
+    """Apply the identity relations in priority order; record a step per relation that folded."""
+    roots = sorted(ctx.roots, key=root_order)
+    for rule in ctx.catalog.explains:
+        if rule.relation == "explains":
+            continue
+        sources = [r for r in roots if holds(rule.source, r)]
+        if not sources:
+            continue
+        targets = [r for r in roots if holds(rule.target, r)]
+        # A report that names no host (an unlabelled console line) is the fault's only when the
+        # relation's sources, on every host, are one host's: then there is nowhere else it could be.
+        lone_host = len({s.host for s in sources}) == 1 and sources[0].host is not None
+        folded: list[Ev] = []
+        for tgt in targets:
+            if id(tgt) in ctx.explained_by:
+                continue
+            for src in sources:
+                if src is tgt or ctx.fault(src) is tgt or ctx.fault(src) is ctx.fault(tgt):
+                    continue
+                if not same_place(ctx, rule, src, tgt, unplaced=lone_host):
+                    continue
+                if not within(ctx, src, tgt, rule.window_s):
+                    continue
+                ctx.fault_of[id(tgt)] = src
+                ctx.explained_by[id(tgt)] = src
+                ctx.edges.append(Edge(rule.id, rule.relation, src, tgt))
+                folded.append(tgt)
+                break
+        if folded:
+            ctx.step(rule.id, rule.relation, folded, into=sorted({f"{ctx.fault(t).kind}:{ctx.fault(t).sub_domain}"
+                                                                  for t in folded}))

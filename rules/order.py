@@ -1,0 +1,127 @@
+"""What the lines say about time, and what it can decide.
+
+Every event carries the basis of its time (``Ev.quality``, set when its line was read):
+
+=============  ==============================================================  ========
+quality        what the line says                                              a point?
+=============  ==============================================================  ========
+``exact``      a stamp of its own with its year (ISO, slurmstepd's ``AT``)     yes
+``no_year``    a stamp of its own whose year was inferred (syslog, glog)       yes
+``uptime``     a dmesg uptime placed by the host's boot time                   yes
+``order_only`` a dmesg uptime without boot time: orders lines of its file      no
+``inherited``  no stamp: a lower bound, the stamped line above it              no
+``none``       no time at all                                                  no
+=============  ==============================================================  ========
+
+Two events are ordered by their times only where both bases can decide it: two points
+(beyond the clock tolerance), or a lower bound that already lies after a point. Otherwise
+the FINAL stage decides by what is known causally: line order within one file, the
+catalog's relations (explains, same fault, refines), and specificity. Pure functions.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from .model import Ev
+
+if TYPE_CHECKING:                       # the context is only read here
+    from .final import FinalContext
+
+POINT = ("exact", "no_year", "uptime")     # stamp qualities that place a line in time
+LOWER_BOUND = ("inherited",)               # the line was written at or after this time
+
+
+def placed(ev: Ev) -> bool:
+    """Is the event's time a point (its own stamp), not a bound inherited from the line above?"""
+    return ev.corrected_onset is not None and ev.quality in POINT
+
+
+def in_file_order(src: Ev, tgt: Ev) -> bool | None:
+    """Within one file line order is causal order: does ``tgt`` come after ``src``? None across files."""
+    if src.path != tgt.path or src.source == "scheduler" or tgt.source == "scheduler":
+        return None
+    return tgt.line > src.line
+
+
+def uptime_gap(src: Ev, tgt: Ev) -> float | None:
+    """Seconds from ``src`` to ``tgt`` on one host's dmesg uptime clock (same file), else None."""
+    a, b = src.fields.get("uptime_s"), tgt.fields.get("uptime_s")
+    if src.path != tgt.path or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return None
+    return float(b) - float(a)
+
+
+def root_order(ev: Ev) -> tuple:
+    """A total order for display and ties: onset (untimed last), strong first, then place."""
+    t = ev.corrected_onset
+    return (t is None, t.replace(tzinfo=None) if t else datetime.max, ev.strength != "strong",
+            ev.host or "", ev.path, ev.line)
+
+
+def same_clock(a: Ev, b: Ev) -> bool:
+    """One file, or one host, has one clock: its points need no tolerance against each other."""
+    return (a.path == b.path or bool(a.host and a.host == b.host)) and placed(a) and placed(b)
+
+
+def precedes(ctx: "FinalContext", a: Ev, b: Ev) -> bool | None:
+    """Does ``a`` certainly come before ``b``? True, False (``b`` certainly first) or None (undecided).
+
+    Line order within one file and one dmesg clock decide first; across files two points decide
+    beyond the clock tolerance, and a lower bound decides only when it already lies after the
+    other event's point. A guessed bound never orders anything."""
+    if a.path == b.path and a.line != b.line and not {a.source, b.source} & {"scheduler", "metrics"}:
+        gap = uptime_gap(a, b)
+        if gap is not None and gap != 0:
+            return gap > 0
+        return a.line < b.line
+    ta, tb = ctx.when(a), ctx.when(b)
+    if ta is None or tb is None:
+        return None
+    tol = timedelta(0) if same_clock(a, b) else ctx.tol()
+    if placed(a) and placed(b):
+        if ta + tol < tb:
+            return True
+        if tb + tol < ta:
+            return False
+        return None
+    if placed(a) and b.quality in LOWER_BOUND and tb > ta + tol:
+        return True                       # b was written after a bound that is already past a
+    if placed(b) and a.quality in LOWER_BOUND and ta > tb + tol:
+        return False
+    return None
+
+
+def within(ctx: "FinalContext", a: Ev, b: Ev, window_s: float | None) -> bool:
+    """Could ``a`` and ``b`` be at most ``window_s`` apart, either way round, as far as their bases tell?
+
+    Points are compared (with the clock tolerance across hosts); a lower bound contradicts the
+    window only when it already lies past the other's point plus the window; no time, no contradiction."""
+    if window_s is None:
+        return True
+    ta, tb = ctx.when(a), ctx.when(b)
+    if ta is None or tb is None:
+        return True
+    span = timedelta(seconds=float(window_s)) + (timedelta(0) if same_clock(a, b) else ctx.tol())
+    if placed(a) and placed(b):
+        return abs(ta - tb) <= span
+    if placed(a) and b.quality in LOWER_BOUND:
+        return tb <= ta + span
+    if placed(b) and a.quality in LOWER_BOUND:
+        return ta <= tb + span
+    return True
+
+
+_STRENGTH = {"strong": 0, "weak": 1, "echo": 2}
+
+
+def first_cause(ctx: "FinalContext", roots: list[Ev]) -> list[Ev]:
+    """``roots`` with the one that initiated first: among those no other root certainly precedes,
+    the firmest, then the one with a time of its own, then by onset. A guessed or inherited time
+    never puts a root ahead of one it cannot be ordered against; the rest follow by onset."""
+    ranked = sorted(roots, key=root_order)
+    if len(ranked) < 2:
+        return ranked
+    open_ = [r for r in ranked if not any(o is not r and precedes(ctx, o, r) for o in ranked)] or ranked
+    lead = min(open_, key=lambda r: (_STRENGTH.get(r.strength, 3), not placed(r), root_order(r)))
+    return [lead] + [r for r in ranked if r is not lead]

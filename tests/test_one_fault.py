@@ -1,0 +1,237 @@
+"""One fault, one cause (issue 20): reports of one fault by two layers are one candidate,
+and a guessed time never overrules what the catalog knows causally.
+
+Scenarios are the seed's worked example (samples/worked-example, real message formats) and
+variants of it; the property tests move clocks and unstamped lines and expect the same answer.
+"""
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from firstfault.rules.engine import analyze_files, analyze_path
+
+from conftest import SAMPLES
+
+WORKED = SAMPLES / "worked-example"
+# The worked example's fault decoded another way (Link 05, words 0x00a505c6): still a local
+# signal-integrity link-down on node-02 (NVLink5 decode table).
+XID149 = ("Nov  2 10:03:11 node-02 kernel: [887881.545061] NVRM: Xid (PCI:0000:1b:00): 149, pid=89695, name=python3, "
+          "NETIR_LINK_EVT Fatal XC0 i0 Link 05 (0x00a505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")
+NCCL_CUDA_220 = ("node-02:89696:89790 [1] transport/p2p.cc:275 NCCL WARN Cuda failure 220 "
+                 "'uncorrectable NVLink error was detected during the execution'")
+TORCH_NVLINK = ("[rank9]:[E1102 {t} ProcessGroupNCCL.cpp:1785] [PG ID 0 PG GUID 0(default_pg) Rank 9] Process group "
+                "watchdog thread terminated with exception: CUDA error: uncorrectable NVLink error was detected during the execution")
+IB_ERR = ("node-03:184785:184901 [3] transport/net_ib.cc:1712 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<49189> "
+          "with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+XID94 = "Nov  2 10:03:11 gpu-b kernel: NVRM: Xid (PCI:0000:9b:00): 94, pid=48211, name=python3, Contained: SM (0x1). RST: No, D-RST: No"
+CUDA_ECC = "[default3]:[rank11]: RuntimeError: CUDA error: uncorrectable ECC error encountered"
+WD = ("[default{local}]:[rank{rank}]:[E1102 10:13:12.{us:06d} ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught "
+      "collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, "
+      "Timeout(ms)=600000) ran for 600054 milliseconds before timing out.")
+
+
+def _worked_files() -> dict[str, str]:
+    return {str(p.relative_to(WORKED)): p.read_text() for p in sorted((WORKED / "logs").rglob("*.log"))}
+
+
+def _worked_workload() -> dict:
+    return json.loads((WORKED / "workload.json").read_text())
+
+
+def _watchdogs(n: int) -> list[str]:
+    lines = [ln.split(": ", 1)[1] for f in sorted((WORKED / "logs" / "app").glob("*.log"))
+             for ln in f.read_text().splitlines() if "ProcessGroupNCCL.cpp:632" in ln]
+    return lines[:n]
+
+
+def nvlink_variant(torch_time: str = "10:03:12.418301", nccl_at: int = 0) -> dict[str, str]:
+    """The issue's variant: node-02's Xid 149 and its Xid 45s, and one merged app log with an unstamped
+    NCCL 'Cuda failure 220' from node-02 (at position ``nccl_at`` among the stamped lines), PyTorch's
+    stamped CUDA error for the same NVLink fault, an IB completion error on node-03 and 30 timeouts."""
+    files = _worked_files()
+    files["logs/syslog/node-02.log"] = files["logs/syslog/node-02.log"].replace(
+        files["logs/syslog/node-02.log"].splitlines()[8], XID149)
+    stamped = ["[2026-11-02 09:59:20,230] INFO step 45122 loss 2.0175 lr 3.0e-4 tokens/s 41548",
+               TORCH_NVLINK.format(t=torch_time), IB_ERR] + _watchdogs(30)
+    app = stamped[:nccl_at] + [NCCL_CUDA_220] + stamped[nccl_at:]
+    for name in list(files):
+        if name.startswith("logs/app/"):
+            del files[name]
+    files["logs/app/train.log"] = "\n".join(app) + "\n"
+    return files
+
+
+X94_WORKLOAD = {"workload_id": "x94", "attempt": 0, "state": "FAILED", "scheduler": "slurm",
+                "start_time": "2026-11-02T09:58:00Z", "end_time": "2026-11-02T10:21:14Z",
+                "nodes": ["gpu-a", "gpu-b"], "gpus_per_node": 8}
+
+
+def xid94_files(cuda_at: int = 1) -> dict[str, str]:
+    """A contained Xid 94 on gpu-b; the app's unstamped CUDA ECC line of rank 11 (on gpu-b) at position
+    ``cuda_at`` among its stamped lines, then 15 watchdog timeouts of the other ranks."""
+    stamped = [f"[default3]:[rank11]:[I1102 10:0{m}:40.000000 train.py:88] step {100 + m}" for m in range(4)]
+    app = stamped[:cuda_at] + [CUDA_ECC] + stamped[cuda_at:]
+    app += [WD.format(local=r % 8, rank=r, us=r) for r in range(16) if r != 11]
+    return {"logs/syslog/gpu-b.log": XID94 + "\n", "logs/app/train.log": "\n".join(app) + "\n"}
+
+
+def _answer(d) -> tuple:
+    return d.status, d.sub_domain, tuple(d.responsible_nodes), d.recovery.action
+
+
+# ---------------------------------------------------------------- the issue's cases
+
+@pytest.mark.parametrize("torch_time", ["10:03:12.418301", "10:03:10.418301", "10:02:41.000000"])
+def test_worked_example_variant_is_one_signal_integrity_fault(torch_time):
+    # PyTorch's line stamped after, or before, the driver's (a host's app and kernel logs disagree by seconds).
+    d = analyze_files(_worked_workload(), nvlink_variant(torch_time)).diagnosis
+    assert _answer(d) == ("attributed", "nvlink_signal_integrity", ("node-02",), "drain_nodes")
+    assert d.root_cause.kind == "xid" and d.root_cause.ref.path == "logs/syslog/node-02.log"
+    # The NCCL and CUDA reports stay as evidence, explained by the fault they report.
+    cuda = next(s for s in d.symptoms if s.kind == "cuda_error")
+    assert cuda.count == 2 and cuda.explained
+    assert any(s.rule_id == "final.same.driver_nvlink_is_cuda_nvlink" for s in d.evidence)
+    assert any(e.join == "same_fault" for e in d.explains)
+
+
+def test_contained_xid94_is_the_root_and_retries():
+    d = analyze_files(X94_WORKLOAD, xid94_files()).diagnosis
+    assert _answer(d) == ("attributed", "gpu_memory_ecc", ("gpu-b",), "retry")
+    assert d.root_cause.kind == "xid" and d.root_cause.fields["xid"] == 94
+    assert "RESTART_APP" in d.recovery.reason
+
+
+def test_cuda_ecc_alone_still_drains():
+    # Without the driver's line nothing says the error was contained: the app's report is the cause.
+    files = xid94_files()
+    del files["logs/syslog/gpu-b.log"]
+    d = analyze_files(X94_WORKLOAD, files).diagnosis
+    assert _answer(d) == ("attributed", "gpu_memory_ecc", ("gpu-b",), "drain_nodes")
+
+
+def test_reports_on_different_hosts_are_two_faults():
+    # The driver's ECC Xid on gpu-a and CUDA's ECC error of a rank on gpu-b: not one fault.
+    files = xid94_files()
+    files["logs/syslog/gpu-a.log"] = files.pop("logs/syslog/gpu-b.log").replace("gpu-b", "gpu-a")
+    d = analyze_files(X94_WORKLOAD, files).diagnosis
+    assert not any(s.rule_id.startswith("final.same.") for s in d.evidence)
+    assert d.recovery.action != "retry" or d.status != "attributed"
+
+
+def test_a_plain_nvlink_error_is_refined_by_the_decoded_one():
+    files = {"logs/syslog/node-02.log": "\n".join([
+        "Nov  2 10:03:09 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error "
+        "detected on link 6(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)", XID149]) + "\n"}
+    d = analyze_files(_worked_workload(), files).diagnosis
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "nvlink_signal_integrity", ["node-02"])
+    assert any(s.rule_id == "final.refine.nvlink_signal_integrity" for s in d.evidence)
+
+
+def test_huge_stated_timeout_is_kept_and_does_not_crash():
+    text = ("[E1002 18:06:40.000000 x.cpp:1] RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+            "[rank3]:[E1002 18:16:40.711756918 ProcessGroupNCCL.cpp:756] [Rank 3] Work WorkNCCL(SeqNum=2521, "
+            "OpType=ALLREDUCE, NumelIn=160672064, NumelOut=160672064, Timeout(ms)=99999999999999) timed out in blocking wait.\n")
+    d = analyze_files({**X94_WORKLOAD, "nodes": ["gpu-b"]}, {"logs/app/train.log": text}).diagnosis
+    assert d.status == "attributed" and d.sub_domain == "gpu_memory_ecc"
+
+
+def test_bare_folder_gives_the_same_answers(tmp_path):
+    for name, files in (("nvlink", nvlink_variant("10:03:10.418301")), ("x94", xid94_files())):
+        folder = tmp_path / name
+        for rel, text in files.items():
+            p = folder / Path(rel).name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+        d = analyze_path(folder).diagnosis
+        want = ("nvlink_signal_integrity", ["node-02"]) if name == "nvlink" else ("gpu_memory_ecc", ["gpu-b"])
+        assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", *want)
+        assert d.recovery.action != "drain_nodes" or name == "nvlink"
+
+
+# ---------------------------------------------------------------- properties
+
+_SYSLOG = re.compile(r"^(\w{3}) +(\d+) (\d\d:\d\d:\d\d)")
+_BRACKET = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]")
+_GLOG = re.compile(r"\[([EWI])(\d\d)(\d\d) (\d\d:\d\d:\d\d)\.(\d{6})")
+
+
+def shift_clock(text: str, seconds: float) -> str:
+    """Every stamp of a file (syslog, bracketed ISO, glog) moved by ``seconds``: one host's clock off."""
+    delta = timedelta(seconds=seconds)
+    out = []
+    for line in text.splitlines():
+        m = _SYSLOG.match(line)
+        if m:
+            t = datetime.strptime(f"2026 {m[1]} {m[2]} {m[3]}", "%Y %b %d %H:%M:%S") + delta
+            line = f"{t:%b} {t.day:2d} {t:%H:%M:%S}" + line[m.end():]
+        line = _BRACKET.sub(lambda m: (lambda t: f"[{t:%Y-%m-%d %H:%M:%S},{t.microsecond // 1000:03d}]")(
+            datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S") + timedelta(milliseconds=int(m[2])) + delta), line)
+        line = _GLOG.sub(lambda m: (lambda t: f"[{m[1]}{t:%m%d %H:%M:%S}.{t.microsecond:06d}")(
+            datetime.strptime(f"2026{m[2]}{m[3]} {m[4]}", "%Y%m%d %H:%M:%S") + timedelta(microseconds=int(m[5])) + delta),
+            line)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_shift_clock_moves_every_stamp_shape():
+    text = "Nov  2 10:03:11 node-02 kernel: x\n[2026-11-02 09:59:20,230] INFO\n[rank9]:[E1102 10:03:12.418301 a.cpp:1] y\n"
+    assert shift_clock(text, 120) == ("Nov  2 10:05:11 node-02 kernel: x\n[2026-11-02 10:01:20,230] INFO\n"
+                                      "[rank9]:[E1102 10:05:12.418301 a.cpp:1] y\n")
+
+
+_PROPS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_CASES = {
+    "worked": (_worked_workload, lambda at: _worked_files(), ("attributed", "nvlink_signal_integrity", ("node-02",), "drain_nodes")),
+    "nvlink": (_worked_workload, lambda at: nvlink_variant("10:03:12.418301", at), ("attributed", "nvlink_signal_integrity", ("node-02",), "drain_nodes")),
+    "x94": (lambda: X94_WORKLOAD, lambda at: xid94_files(min(at, 4)), ("attributed", "gpu_memory_ecc", ("gpu-b",), "retry")),
+}
+
+
+@_PROPS
+@given(case=st.sampled_from(sorted(_CASES)), which=st.integers(0, 7), seconds=st.integers(-300, 300),
+       at=st.integers(0, 4))
+def test_one_clock_off_or_a_moved_unstamped_line_changes_nothing(case, which, seconds, at):
+    workload, make, want = _CASES[case]
+    files = make(at)
+    name = sorted(files)[which % len(files)]
+    files[name] = shift_clock(files[name], seconds)
+    assert _answer(analyze_files(workload(), files).diagnosis) == want
+
+
+@_PROPS
+@given(case=st.sampled_from(sorted(_CASES)), host=st.integers(0, 3), seconds=st.integers(-300, 300))
+def test_one_host_clock_off_changes_nothing(case, host, seconds):
+    workload, make, want = _CASES[case]
+    files = make(0)
+    hosts = sorted({Path(p).stem for p in files})
+    target = hosts[host % len(hosts)]
+    files = {p: shift_clock(t, seconds) if Path(p).stem == target else t for p, t in files.items()}
+    assert _answer(analyze_files(workload(), files).diagnosis) == want
+
+
+# ---------------------------------------------------------------- a guessed order is no order
+
+RDZV_TB = ('  File "/root/.local/lib/python3.7/site-packages/torch/distributed/rendezvous.py", line 143, in _env_rendezvous_handler\n'
+           '    store = TCPStore(master_addr, master_port, start_daemon)\n'
+           'ValueError: host not found: Name or service not known\n')   # kubeflow/pytorch-operator#125
+KEYERROR = "KeyError: 'attention_mask'\n"                                   # hpcaitech/ColossalAI#3425
+
+
+def test_two_distinct_faults_without_times_are_ambiguous_not_ordered_by_file_name():
+    # Neither line has a stamp and they are in different files: nothing orders them, and the rule
+    # that would demote one (the first traceback explains later ones) reads the pair either way round.
+    for a, b in (("node-01", "node-02"), ("node-02", "node-01")):
+        d = analyze_files(_worked_workload(), {f"logs/app/{a}.log": RDZV_TB, f"logs/app/{b}.log": KEYERROR}).diagnosis
+        assert d.status == "ambiguous", (a, b)
+        assert sorted(c.sub_domain for c in d.candidates) == ["rendezvous_error", "user_code_exception"]
+
+
+def test_line_order_in_one_file_still_decides():
+    d = analyze_files(_worked_workload(), {"logs/app/node-01.log": RDZV_TB + KEYERROR}).diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "rendezvous_error")
