@@ -27,25 +27,38 @@ def fold_identities(ctx: FinalContext) -> None:
         if not sources:
             continue
         targets = [r for r in roots if holds(rule.target, r)]
-        # A report that names no host (an unlabelled console line) is the fault's only when the
-        # relation's sources, on every host, are one host's: then there is nowhere else it could be.
-        lone_host = len({s.host for s in sources}) == 1 and sources[0].host is not None
+        # A report that names no host (a pasted dmesg, an unlabelled console line) is the other side's
+        # only when every report on that side names one and the same host: nowhere else it could be.
+        # The fault then has that host (the driver's line names the GPU, the app's line the host).
+        src_host, tgt_host = _lone_host(sources), _lone_host(targets)
         folded: list[Ev] = []
+        placed_by: dict[str, str] = {}
         for tgt in targets:
             if id(tgt) in ctx.explained_by:
                 continue
             for src in sources:
                 if src is tgt or ctx.fault(src) is tgt or ctx.fault(src) is ctx.fault(tgt):
                     continue
-                if not same_place(ctx, rule, src, tgt, unplaced=lone_host):
+                unplaced = (tgt.host is None and src_host is not None) or (src.host is None and tgt_host is not None)
+                if not same_place(ctx, rule, src, tgt, unplaced=unplaced):
                     continue
                 if not within(ctx, src, tgt, rule.window_s):
                     continue
+                if src.host is None and tgt.host is not None:
+                    src.host = tgt.host
+                    placed_by[f"{src.path}:{src.line}"] = f"{tgt.path}:{tgt.line}"
                 ctx.fault_of[id(tgt)] = src
                 ctx.explained_by[id(tgt)] = src
                 ctx.edges.append(Edge(rule.id, rule.relation, src, tgt))
                 folded.append(tgt)
                 break
         if folded:
+            extra = {"host_from_same_fault": placed_by} if placed_by else {}
             ctx.step(rule.id, rule.relation, folded, into=sorted({f"{ctx.fault(t).kind}:{ctx.fault(t).sub_domain}"
-                                                                  for t in folded}))
+                                                                  for t in folded}), **extra)
+
+
+def _lone_host(reports: list[Ev]) -> str | None:
+    """The one host every report that names a host names, when there is exactly one."""
+    hosts = {r.host for r in reports if r.host}
+    return next(iter(hosts)) if len(hosts) == 1 else None

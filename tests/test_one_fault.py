@@ -235,3 +235,16 @@ def test_two_distinct_faults_without_times_are_ambiguous_not_ordered_by_file_nam
 def test_line_order_in_one_file_still_decides():
     d = analyze_files(_worked_workload(), {"logs/app/node-01.log": RDZV_TB + KEYERROR}).diagnosis
     assert (d.status, d.sub_domain) == ("attributed", "rendezvous_error")
+
+
+def test_a_dmesg_without_host_takes_the_host_of_the_same_fault(tmp_path):
+    # A folder: node-02's kernel lines as bare dmesg (uptime only, no host), and the merged app log whose
+    # NCCL line names node-02 for the same NVLink fault: the fault is node-02's.
+    files = nvlink_variant("10:03:10.418301")
+    dmesg = "\n".join(ln[ln.index("["):] for ln in files["logs/syslog/node-02.log"].splitlines() if "NVRM" in ln)
+    (tmp_path / "dmesg.txt").write_text(dmesg + "\n")
+    (tmp_path / "train.log").write_text(files["logs/app/train.log"])
+    d = analyze_path(tmp_path).diagnosis
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "nvlink_signal_integrity", ["node-02"])
+    step = next(s for s in d.evidence if s.rule_id == "final.same.driver_nvlink_is_cuda_nvlink")
+    assert step.detail["host_from_same_fault"]
