@@ -73,6 +73,10 @@ _COMPOSE = re.compile(r"(?P<svc>[a-z0-9][\w.-]*[-_]\d+)\s+\| ")
 _PROC_TAG = re.compile(r"\((?P<who>[A-Za-z_][\w.:-]*)?(?: ?rank=(?P<rank>\d{1,7}))?(?:,? ?pid=(?P<pid>\d{1,10}))?(?:, ip=(?P<ip>[\d.]+))?(?:, [\w=.-]+)*\)\s")
 # grep -H / grep -Hn output a user pasted: "ms-pd-llm-d-modelservice-prefill-2.log:[2025-09-17 15:16:23] ..."
 # (the file name only; the host comes from the prefixes after it, never from the name)
+# A tqdm progress bar redraws itself with a carriage return and no newline, so the next log line
+# lands after it on one line: "epoch 1:  37%|█  | 521/1426 [02:47<04:46,  3.16it/s, loss=0.1][rank0]:[E..."
+# ({desc}: {percentage}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}], tqdm's default format).
+_TQDM = re.compile(r" *(?:[^|\n]{1,120}?: *)?\d{1,3}%\|[^|\n]{0,200}\| *[\d.]+[kMGT]?/(?:[\d.]+[kMGT]?|\?) \[[^\]\n]{0,200}\]")
 _GREP_FILE = re.compile(r"(?P<file>[\w.-]{1,200}\.(?:log|out|err|txt))(?::\d{1,9})?:")
 
 
@@ -111,12 +115,16 @@ _REGEX = {
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
     "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK, "markdown": _MARKDOWN, "compose": _COMPOSE,
-    "grep_file": _GREP_FILE,
+    "grep_file": _GREP_FILE, "tqdm": _TQDM,
 }
 
 
 def _shapes(text: str) -> tuple[str, ...]:
-    c = text[:1]
+    by_char = _by_first_char(text[:1])
+    return ("tqdm",) + by_char if "%|" in text[:200] else by_char
+
+
+def _by_first_char(c: str) -> tuple[str, ...]:
     if c in ">*`":
         return ("markdown",)
     if c == "[":
@@ -201,7 +209,7 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
             hh, mi, ss = _hms(m)
             head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
             head.quality = "no_year" if head.stamp else "none"
-    elif name == "markdown":
+    elif name in ("markdown", "tqdm"):
         pass                                   # decoration, not content
     elif name == "grep_file":
         if head.stamp is not None or head.host is not None or head.rank is not None:

@@ -39,3 +39,4 @@ def ordered() -> list[PythonRule]:
 
 from . import final_rules as _final_rules  # noqa: E402,F401  (registers the built-in rules)
 from . import silent_ranks as _silent_ranks  # noqa: E402,F401  (final.silent_ranks, issue 20 item 6)
+from . import desync as _desync  # noqa: E402,F401  (final.desync, issue 21 item 4)
