@@ -272,3 +272,17 @@ def test_rule_fires(rule, line):
 def test_rule_quiet(rule, line):
     event = extract(line)
     assert event is None or not when_holds(rule["when"], event), f"{rule['id']} fires on {event}"
+
+
+def test_a_memcg_oom_report_cut_before_its_kill_line_is_weak_host_oom(tmp_path):
+    # The start of a memory cgroup's OOM report as dmesg prints it (mm/oom_kill.c dump_header,
+    # mm/memcontrol.c mem_cgroup_print_oom_meminfo), without the kill line: weak evidence, no drain.
+    from firstfault.rules.engine import analyze_path
+
+    (tmp_path / "dmesg.txt").write_text(
+        "[1043957.201542] python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=968\n"
+        "[1043957.201601] memory: usage 33554432kB, limit 33554432kB, failcnt 2513\n"
+        "[1043957.201606] Memory cgroup stats for /kubepods/burstable/pod4c1a0b7e-7f83-4a3f-9d1e-1f0d3a6c2b11:\n")
+    d = analyze_path(tmp_path / "dmesg.txt").diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "host_oom")
+    assert d.recovery.action != "drain_nodes"
