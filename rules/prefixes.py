@@ -27,8 +27,12 @@ _ISO_HOST = re.compile(
 # bare ISO (dmesg --time-format iso, python logging "2026-11-02 10:01:00,123 ")
 _ISO_BARE = re.compile(
     r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?: - |:? |$)")
-# Open MPI --tag-output / --timestamp-output: "[1,12]<stdout>:" (job, rank)
-_MPI_TAG = re.compile(r"\[(?P<job>\d{1,10}),(?P<rank>\d{1,7})\]<(?:stdout|stderr)>: ?")
+# Open MPI --tag-output "[1,12]<stdout>:" (job, rank), with --timestamp-output a ctime before it
+# ("Thu Jun 18 14:28:35 2020[1,2]<stderr>:"), SageMaker's "[1,mpirank:0,algo-1]<stdout>:" (job, rank,
+# host) and Horovod's gloo runner "[0]<stdout>:" (rank; horovod/runner/common/util/safe_shell_exec.py).
+_MPI_TAG = re.compile(r"(?:[A-Z][a-z]{2} (?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d) "
+                      r"(?P<year>\d{4}))?\[(?:(?P<job>\d{1,10}),(?:mpirank:)?)?(?P<rank>\d{1,7})(?:,(?P<host>[\w.-]{1,64}))?\]"
+                      r"<(?:stdout|stderr)>: ?")
 # "[gpu187:2]:" host and local rank tags (multi-node launchers that tag each line)
 _HOST_RANK = re.compile(r"\[(?P<host>[A-Za-z][\w.-]*):(?P<local>\d{1,5})\]: ?")
 # "[2026-11-02 10:01:00,123] " / slurmctld "[2026-11-02T10:21:14.123] " / Hydra "[2026-11-02 10:01:00,123][name][INFO] - "
@@ -108,7 +112,7 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank")
 _DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "grep_file")
-_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "grep_file")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "mpi_tag", "compose", "nccl", "grep_file")
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
@@ -217,8 +221,14 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     elif name == "compose":
         head.host = head.host or m["svc"]
     elif name == "mpi_tag":
+        if m["year"] and m["mon"] in MONTHS and head.stamp is None:
+            hh, mi, ss = _hms(m)
+            head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
+            head.quality = "exact" if head.stamp else "none"
         if head.rank is None:
             head.rank = int(m["rank"])
+        if m["host"] and head.host is None:
+            head.host = m["host"]
     elif name == "host_rank":
         head.local_rank = int(m["local"])
         head.host = head.host or m["host"]

@@ -92,3 +92,17 @@ def test_dmesg_uptime_is_anchored_on_boot_time_or_order_only():
     assert iso_z(anchored.stamp) == "2026-11-01T01:00:00.500000Z" and anchored.quality == "uptime"
     unanchored = read_head("[ 3600.500000] NVRM: Xid", CTX)
     assert unanchored.stamp is None and unanchored.quality == "order_only" and unanchored.uptime == 3600.5
+
+
+@pytest.mark.parametrize("line, message, rank, host, stamp", [
+    # Horovod's gloo runner (horovod#1797's posted log), with and without its ctime
+    ("[0]<stderr>:RuntimeError: boom", "RuntimeError: boom", 0, None, None),
+    ("Tue Apr 21 18:22:53 2020[2]<stderr>:/home/node/DataShare/pytorch_mnist.py:88: UserWarning: x",
+     "/home/node/DataShare/pytorch_mnist.py:88: UserWarning: x", 2, None, "2020-04-21T18:22:53.000000Z"),
+    # mpirun --timestamp-output, and SageMaker's mpirun tag with the host
+    ("Thu Jun 18 14:28:35 2020[1,2]<stderr>:W tensorflow/x", "W tensorflow/x", 2, None, "2020-06-18T14:28:35.000000Z"),
+    ("[1,mpirank:3,algo-1]<stderr>:INFO:root:Reducer buckets", "INFO:root:Reducer buckets", 3, "algo-1", None),
+])
+def test_launcher_output_tags(line, message, rank, host, stamp):
+    head = read_head(line, CTX)
+    assert (head.message, head.rank, head.host, iso_z(head.stamp)) == (message, rank, host, stamp)
