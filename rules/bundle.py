@@ -21,6 +21,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -115,7 +116,9 @@ def parse_workload(data: bytes | str | Mapping, origin: str = "workload.json") -
         raise BundleError(f"{origin}: field '{where}': {first['msg']}") from None
 
 
+@lru_cache(maxsize=8192)
 def source_of(path: str) -> str | None:
+    """A bundle path's source by its folder (logs/app/... -> app); None outside the layout."""
     parts = PurePosixPath(path).parts
     if len(parts) >= 2 and parts[0] == "logs":
         return {"app": "app", "syslog": "syslog", "fabricmanager": "fabricmanager",

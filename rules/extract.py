@@ -289,8 +289,7 @@ class Extractor:
         if rank is not None and not 0 <= rank < MAX_RANK:
             rank = None
         if rank is None and source == "app":
-            fm = _RANK_FILE.search(PurePosixPath(path).stem)
-            rank = int(fm.group(1)) if fm else None
+            rank = _rank_of_file(path)
         # Who the line is about: a host it names, the NCCL prefix, the file's host, then the
         # rank map (explicit, else block placement by gpus_per_node, which is only a guess).
         host = None
@@ -317,6 +316,13 @@ class Extractor:
                   text=_shown(text), host=host, pci=pci, rank=rank, stamp=head.stamp,
                   last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
                   count=1, ranks={rank} if rank is not None else set(), signature=signature)
+
+
+@lru_cache(maxsize=4096)
+def _rank_of_file(path: str) -> int | None:
+    """The rank a per-rank log's name gives (rank-3.log, train_rank12.out), per path once."""
+    fm = _RANK_FILE.search(PurePosixPath(path).stem)
+    return int(fm.group(1)) if fm else None
 
 
 def _shown(text: str, limit: int = SHOWN) -> str:

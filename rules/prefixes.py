@@ -112,7 +112,9 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank")
 _DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "grep_file")
-_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "mpi_tag", "compose", "nccl", "grep_file")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "grep_file")
+_ALPHA_CTIME = ("mpi_tag",) + _ALPHA
+_WEEKDAYS = frozenset(("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"))
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
@@ -123,9 +125,21 @@ _REGEX = {
 }
 
 
-def _shapes(text: str) -> tuple[str, ...]:
-    by_char = _by_first_char(text[:1])
-    return ("tqdm",) + by_char if "%|" in text[:200] else by_char
+def _shapes(text: str, bar: bool) -> tuple[str, ...]:
+    """The prefix shapes to try on ``text``, by its first character; ``bar``: the line holds a
+    progress bar somewhere near its start (checked once a line)."""
+    c = text[:1]
+    by_char = _FIRST.get(c)
+    if by_char is None:
+        by_char = _by_first_char(c)
+        if len(_FIRST) < 4096:                  # a crafted input's many first characters stay bounded
+            _FIRST[c] = by_char
+    if by_char is _ALPHA and text[3:4] == " " and text[:3] in _WEEKDAYS:
+        by_char = _ALPHA_CTIME                  # mpirun --timestamp-output's "Thu Jun 18 14:28:35 2020[1,2]<stderr>:"
+    return _WITH_TQDM[by_char] if bar else by_char
+
+
+_FIRST: dict[str, tuple[str, ...]] = {}         # first character -> the shapes to try (memo)
 
 
 def _by_first_char(c: str) -> tuple[str, ...]:
@@ -142,14 +156,19 @@ def _by_first_char(c: str) -> tuple[str, ...]:
     return ()
 
 
+_WITH_TQDM = {shapes: ("tqdm",) + shapes for shapes in
+              (_BRACKET, _DIGIT, _ALPHA, _ALPHA_CTIME, ("markdown",), ("proc_tag",), ())}
+
+
 def read_head(line: str, ctx: StampContext) -> Head:
     """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
     head = Head(message=line)
     text = line
+    bar = line.find("%|", 0, 400) >= 0
     for round_ in range(12):
         stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
         m = None
-        for name in _shapes(stripped):
+        for name in _shapes(stripped, bar):
             if name == "grep_file" and round_:
                 continue                       # only as the first thing on the line
             m = _REGEX[name].match(stripped)
