@@ -1,0 +1,169 @@
+"""Scheduler sites added from Slurm's, Kubernetes', Kueue's and the training-operator's source
+(issue 21): real-format lines through the real engine. Patterns: rules/catalog/extract/schedulers.yaml;
+roles: rules/catalog/early/schedulers.yaml; the enumeration of sites: rules/emitters/slurm.yaml and
+rules/emitters/kubernetes.yaml."""
+import pytest
+import yaml
+
+from firstfault.rules.engine import analyze_files
+
+from conftest import BASE_WORKLOAD
+
+TRAIN = "0: [2026-11-02 10:02:00,000] INFO step 1200 loss 2.3411\n"
+XID79 = ("Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, "
+         "GPU has fallen off the bus.\n")
+K8S = {"scheduler": "kubernetes", "workload_id": "pytorchjob-bert"}
+
+
+def diag(files, **wl):
+    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
+
+
+# ------------------------------------------------------------------ Slurm: memory enforcement
+
+def test_memory_kill_is_not_read_as_a_person_cancelling():
+    # coqui-ai/STT#2238: the plain cancel banner is the memory kill's own tear-down.
+    d = diag({"logs/app/node-01.log":
+              "Epoch 0 |   Training | Elapsed Time: 0:00:15 | Steps: 93 | Loss: 24.580695\n"
+              "slurmstepd: error: Job 7518 exceeded memory limit (626359956 > 512000000), being killed\n"
+              "slurmstepd: error: Exceeded job memory limit\n"
+              "slurmstepd: error: *** JOB 7518 ON xantipa CANCELLED AT 2022-06-10T17:11:35 ***\n"})
+    assert (d.status, d.sub_domain) == ("attributed", "host_oom")
+
+
+def test_jobacct_memory_kill_is_a_host_oom():
+    d = diag({"logs/app/node-01.log": TRAIN
+              + "slurmstepd: error: StepId=100.0 exceeded memory limit (42949672960 > 34359738368), being killed\n"
+              + "slurmstepd: error: Exceeded job memory limit\n"
+              + "srun: error: node-01: tasks 0-7: Killed\n"
+              + "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"})
+    assert (d.status, d.sub_domain) == ("attributed", "host_oom")
+    assert d.recovery.action != "drain_nodes"
+
+
+def test_failcnt_at_some_point_alone_is_not_a_confident_oom():
+    # Older Slurm prints this whenever the cgroup touched its limit (page cache too): a suspect only.
+    d = diag({"logs/app/node-01.log": TRAIN
+              + "slurmstepd: error: Exceeded step memory limit at some point.\n"
+              + "srun: error: node-01: task 0: Exited with exit code 1\n"})
+    assert d.status != "attributed"
+
+
+# ------------------------------------------------------------------ Slurm: slurmctld and job states
+
+def test_slurmctld_time_limit_is_walltime():
+    d = diag({"logs/scheduler/slurmctld.log": "[2026-11-02T10:21:10.117] Time limit exhausted for JobId=100\n",
+              "logs/app/node-01.log": TRAIN})
+    assert (d.status, d.sub_domain) == ("attributed", "walltime_exceeded")
+
+
+def test_gpu_loss_before_the_time_limit_is_the_cause():
+    d = diag({"logs/syslog/node-02.log": XID79,
+              "logs/scheduler/slurmctld.log": "[2026-11-02T10:21:10.117] Time limit exhausted for JobId=100\n",
+              "logs/app/node-01.log": TRAIN}, state="TIMEOUT")
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "gpu_fell_off_bus", ["node-02"])
+
+
+def test_slurmctld_preemption_is_preempted_and_retried():
+    d = diag({"logs/scheduler/slurmctld.log":
+              "[2026-11-02T10:21:10.020] preempted JobId=100 has been requeued to reclaim resources for JobId=4802\n",
+              "logs/app/node-01.log": TRAIN})
+    assert (d.status, d.sub_domain, d.recovery.action) == ("attributed", "preempted", "retry")
+
+
+def test_sacct_timeout_row():
+    d = diag({"logs/scheduler/sacct.txt":
+              "JobID           JobName  Partition    Account  AllocCPUS      State ExitCode\n"
+              "------------ ---------- ---------- ---------- ---------- ---------- --------\n"
+              "100               train        gpu       proj         64    TIMEOUT      0:0\n"
+              "100.batch         batch                  proj         16  CANCELLED     0:15\n"})
+    assert (d.status, d.sub_domain) == ("attributed", "walltime_exceeded")
+
+
+def test_sacct_node_fail_never_drains():
+    d = diag({"logs/scheduler/sacct.txt": "100               train        gpu       proj         64  NODE_FAIL      0:0\n"})
+    assert d.sub_domain == "node_failure"
+    assert d.recovery.action != "drain_nodes" and d.responsible_nodes == []
+
+
+def test_kill_task_failed_alone_names_no_cause_and_drains_nothing():
+    d = diag({"logs/scheduler/slurmctld.log":
+              "[2026-11-02T10:21:14.880] error: slurmd error running StepId=100.0 on Node(s)=node-02: Kill task failed\n",
+              "logs/app/node-01.log": TRAIN})
+    assert d.status == "unattributed" and d.responsible_nodes == []
+
+
+# ------------------------------------------------------------------ Kubernetes, Kueue, Kubeflow
+
+def test_ephemeral_storage_eviction():
+    d = diag({"logs/scheduler/describe.txt":
+              "Status:           Failed\nReason:           Evicted\n"
+              "Message:          Pod ephemeral local storage usage exceeds the total limit of containers 20Gi.\n"}, **K8S)
+    assert (d.status, d.sub_domain, d.recovery.action) == ("attributed", "evicted", "retry")
+
+
+@pytest.mark.parametrize("message", [
+    "Preempted in order to admit critical pod",
+    "Pod was terminated in response to imminent node shutdown.",
+])
+def test_kubelet_preemption_and_node_shutdown_are_preemptions(message):
+    d = diag({"logs/scheduler/describe.txt": f"Status:           Failed\nMessage:          {message}\n"}, **K8S)
+    assert (d.status, d.sub_domain) == ("attributed", "preempted")
+
+
+def test_kueue_preemption():
+    d = diag({"logs/scheduler/events.txt":
+              "  Warning  Preempted  2m  kueue-admission  Preempted to accommodate a workload (UID: wl-preemptor, "
+              "JobUID: job-preemptor) due to prioritization in the ClusterQueue\n"}, **K8S)
+    assert (d.status, d.sub_domain) == ("attributed", "preempted")
+
+
+@pytest.mark.parametrize("why", ["reclaim", "preempt"])
+def test_volcano_preempt_and_reclaim_are_preemptions(why):
+    d = diag({"logs/scheduler/events.txt":
+              f"    24s       Warning   Evict   pod/a-4-w-0                  Pod is evicted, because of {why}\n"}, **K8S)
+    assert (d.status, d.sub_domain, d.recovery.action) == ("attributed", "preempted", "retry")
+
+
+def test_device_taint_alone_is_only_a_suspect():
+    # The DRA device taint manager does not say what was wrong with the GPU: never a drain on its own.
+    d = diag({"logs/scheduler/pod.yaml":
+              '      message: "Device Taint manager: deleting due to NoExecute taint"\n'}, **K8S)
+    assert d.status != "attributed" and d.recovery.action != "drain_nodes"
+
+
+def test_job_active_deadline_is_walltime_not_a_symptom():
+    d = diag({"logs/scheduler/events.txt":
+              "2m30s       Warning   DeadlineExceeded            job/bert-train         "
+              "Job was active longer than specified deadline\n"}, **K8S)
+    assert (d.status, d.sub_domain) == ("attributed", "walltime_exceeded")
+
+
+def test_failed_replicas_and_backoff_name_no_cause():
+    # The operator and the kubelet only say the container failed: the application's lines say why.
+    d = diag({"logs/scheduler/events.txt":
+              "  Normal   PyTorchJobFailed  2m  pytorchjob-controller  PyTorchJob default/bert-ddp is failed because 1 Worker replica(s) failed.\n"
+              "      Reason:       Error\n"
+              "  Warning  BackOff    33s (x70 over 15m)  kubelet  Back-off restarting failed container\n"}, **K8S)
+    assert d.status == "unattributed"
+
+
+def test_node_status_unknown_is_a_weak_node_failure():
+    d = diag({"logs/scheduler/node.txt":
+              "  Ready            Unknown   Mon, 02 Nov 2026 10:03:41 +0000   Mon, 02 Nov 2026 10:04:53 +0000   "
+              "NodeStatusUnknown   Kubelet stopped posting node status.\n"}, **K8S)
+    assert d.sub_domain == "node_failure" and d.recovery.action != "drain_nodes"
+
+
+# ------------------------------------------------------------------ the enumeration files
+
+@pytest.mark.parametrize("name", ["slurm", "kubernetes"])
+def test_emitter_enumeration_is_classified(name):
+    from pathlib import Path
+    import firstfault
+    root = Path(firstfault.__file__).resolve().parent.parent
+    doc = yaml.safe_load((root / "rules" / "emitters" / f"{name}.yaml").read_text())
+    assert doc["emitter"] and doc["repo"] and doc["version"]
+    for site in doc["sites"]:
+        assert site["class"] in {"root", "symptom", "context", "noise", "not_a_failure"}, site
+        assert site["pattern"] or site.get("left_out"), site
