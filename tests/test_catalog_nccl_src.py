@@ -107,3 +107,19 @@ def test_proxy_teardown_and_verbs_echo_alone_stay_unattributed():
     assert d.status == "unattributed"
     assert d.responsible_nodes == []
     assert "node-01" in d.suspect_nodes
+
+
+def test_nvls_bind_failure_names_the_fabric_but_never_drains():
+    # pytorch/pytorch#177472's lines: NCCL names a Fabric Manager or NVSwitch problem; weak evidence.
+    from firstfault.rules.engine import analyze_files
+
+    text = ("torch.distributed.DistBackendError: NCCL error in: /var/lib/jenkins/workspace/torch/csrc/distributed/c10d/"
+            "NCCLUtils.cpp:93, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.29.3 \n"
+            "ncclUnhandledCudaError: Call to CUDA function failed. \nLast error: \n"
+            "Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 : CUDA error 401 'the operation cannot be "
+            "performed in the present state'. \n"
+            "This is usually caused by a system or configuration error in the Fabric Manager or NVSwitches. \n")
+    wl = {"workload_id": "w", "state": "FAILED", "start_time": "2026-11-02T09:58:00Z", "nodes": ["node-01", "node-02"]}
+    d = analyze_files(wl, {"logs/app/node-01.log": text}).diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "nvswitch_fatal")
+    assert d.recovery.action != "drain_nodes"
