@@ -219,3 +219,46 @@ def test_commands_doc_covers_every_command_and_option():
                 if opt.startswith("--") and opt != "--help" and not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", section):
                     missing.append(f"firstfault {name} {opt}")
     assert not missing, "docs/commands.md is stale (see firstfault COMMAND --help): " + ", ".join(missing)
+
+
+# ---------------------------------------------------------------- coverage of the emitters' messages
+
+def _load_coverage():
+    spec = importlib.util.spec_from_file_location("gen_coverage_doc", ROOT / "scripts" / "gen_coverage_doc.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_coverage_doc_is_the_generated_page():
+    assert (DOCS / "coverage.md").read_text(encoding="utf-8") == _load_coverage().render(), \
+        "docs/coverage.md is stale: run python scripts/gen_coverage_doc.py"
+
+
+def test_every_pattern_an_enumeration_names_is_in_the_catalog():
+    gen = _load_coverage()
+    ids = {p.id for p in load_catalog().patterns}
+    emitters = gen.load_emitters()
+    assert emitters, "rules/emitters/ holds no enumeration"
+    dangling = sorted((em["emitter"], p) for em in emitters for s in em.get("sites") or [] for p in gen._patterns(s)
+                      if p not in ids)
+    assert not dangling, f"sites name patterns the catalog does not have: {dangling}"
+
+
+def test_every_emitter_is_mostly_classified_and_says_why_it_leaves_sites_out():
+    gen = _load_coverage()
+    for em in gen.load_emitters():
+        sites = em.get("sites") or []
+        assert em.get("repo") and em.get("version") and sites, em["emitter"]
+        classified = [s for s in sites if s.get("class") in gen.CLASSES]
+        assert len(classified) >= 0.9 * len(sites), (em["emitter"], len(classified), len(sites))
+        unexplained = [s.get("where") for s in classified if not gen._patterns(s) and not s.get("left_out")]
+        assert not unexplained, (em["emitter"], unexplained)
+
+
+def test_the_coverage_count_refuses_a_pattern_the_catalog_lacks(tmp_path):
+    gen = _load_coverage()
+    (tmp_path / "x.yaml").write_text("emitter: X\nrepo: a/b\nversion: v1\nsites:\n"
+                                     "  - {where: a.c:1, message: m, class: root, sub_domain: null, pattern: nope.nope}\n")
+    assert "| X | `a/b` v1 | 1 | 1 (100%) | 0 (0%) | 1 |" in gen.render(ids={"other"}, folder=tmp_path)
