@@ -153,17 +153,3 @@ def test_node_status_unknown_is_a_weak_node_failure():
               "  Ready            Unknown   Mon, 02 Nov 2026 10:03:41 +0000   Mon, 02 Nov 2026 10:04:53 +0000   "
               "NodeStatusUnknown   Kubelet stopped posting node status.\n"}, **K8S)
     assert d.sub_domain == "node_failure" and d.recovery.action != "drain_nodes"
-
-
-# ------------------------------------------------------------------ the enumeration files
-
-@pytest.mark.parametrize("name", ["slurm", "kubernetes"])
-def test_emitter_enumeration_is_classified(name):
-    from pathlib import Path
-    import firstfault
-    root = Path(firstfault.__file__).resolve().parent.parent
-    doc = yaml.safe_load((root / "rules" / "emitters" / f"{name}.yaml").read_text())
-    assert doc["emitter"] and doc["repo"] and doc["version"]
-    for site in doc["sites"]:
-        assert site["class"] in {"root", "symptom", "context", "noise", "not_a_failure"}, site
-        assert site["pattern"] or site.get("left_out"), site

@@ -1,9 +1,7 @@
 """PyTorch c10d sites added from PyTorch's source (issue 21): real-format lines through the real
 engine. Patterns: rules/catalog/extract/torch_c10d.yaml; roles: rules/catalog/early/torch_c10d.yaml;
 the enumeration of sites: rules/emitters/torch_c10d.yaml."""
-import yaml
 
-from firstfault.rules.catalog import load_catalog
 from firstfault.rules.engine import analyze_files
 
 from conftest import BASE_WORKLOAD
@@ -128,15 +126,3 @@ def test_no_gpus_beside_a_gpu_loss_on_that_host_is_never_a_confident_config_erro
     d = diag({"logs/syslog/node-02.log": xid,
               "logs/app/node-02.log": "ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!\n"})
     assert not (d.status == "attributed" and d.sub_domain == "nccl_config_error")
-
-
-def test_emitter_enumeration_is_complete_and_names_real_patterns():
-    doc = yaml.safe_load(open("rules/emitters/torch_c10d.yaml"))
-    assert doc["repo"] == "pytorch/pytorch" and doc["version"]
-    ids = {p.id for p in load_catalog().patterns}
-    for site in doc["sites"]:
-        assert site["class"] in {"root", "symptom", "context", "noise", "not_a_failure"}, site
-        if site["pattern"]:
-            assert site["pattern"] in ids, site
-        else:
-            assert site.get("left_out"), site
