@@ -248,3 +248,20 @@ def test_a_dmesg_without_host_takes_the_host_of_the_same_fault(tmp_path):
     assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "nvlink_signal_integrity", ["node-02"])
     step = next(s for s in d.evidence if s.rule_id == "final.same.driver_nvlink_is_cuda_nvlink")
     assert step.detail["host_from_same_fault"]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from(["nvlink", "x94"]), which=st.integers(0, 7), seconds=st.integers(-300, 300))
+def test_without_the_record_years_come_from_the_input_and_change_nothing(tmp_path_factory, case, which, seconds):
+    # No workload.json: every year-less stamp takes its year from the input (full dates, else the
+    # files' modification time), one file's clock is off; the causal answer stays.
+    workload, make, want = _CASES[case]
+    files = make(0)
+    name = sorted(files)[which % len(files)]
+    files[name] = shift_clock(files[name], seconds)
+    folder = tmp_path_factory.mktemp("bare")
+    for rel, text in files.items():
+        (folder / Path(rel).name).write_text(text)
+    d = analyze_path(folder).diagnosis
+    assert (d.status, d.sub_domain, tuple(d.responsible_nodes)) == want[:3]
+    assert d.recovery.action == want[3]
