@@ -325,12 +325,11 @@ class _Facts:
     last: datetime | None = None
     dated: datetime | None = None          # the earliest full date any line states (no stamp prefix at all)
     guessed: list[dict] = field(default_factory=list)   # year-less stamps whose year is a guess (mtime, today)
-    mtimes: list[datetime] = field(default_factory=list)
 
     def undated_start(self) -> datetime:
-        """A start for lines with no date at all (nothing is placed by it): the files' first
-        modification time, else now."""
-        return min(self.mtimes) if self.mtimes else datetime.now(timezone.utc).replace(microsecond=0)
+        """A start for an input whose lines hold no date at all: nothing is placed by it, so it is a
+        constant (the same lines give the same diagnosis_id whenever and wherever the file was written)."""
+        return _PROBE
 
 
 def _note_host(facts: _Facts, host: str | None, how: str) -> str | None:
@@ -365,8 +364,6 @@ def _scan_facts(files: list[BundleFile], start: datetime | None, mtimes: dict[st
             if n > SCAN_LINES:
                 break
         ft = _FileTimes(path=bf.path, mtime=(mtimes or {}).get(bf.path))
-        if (when := _plausible_mtime(ft.mtime)) is not None:
-            facts.mtimes.append(when)
         _read_lines(facts, pending, ft, zone)
         times.append(ft)
         budget -= len(pending)

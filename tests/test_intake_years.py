@@ -143,3 +143,15 @@ def test_dmesg_uptime_iso_and_ctime_stamps_are_unaffected(tmp_path):
         assert d.sub_domain == "gpu_fell_off_bus", name
         assert d.root_cause.timestamp == want, name
         assert "guessed" not in _workload_notes(d), name
+
+
+def test_lines_without_any_date_give_the_same_diagnosis_whatever_the_mtime(tmp_path):
+    text = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nKeyError: \'attention_mask\'\n'
+    ids = []
+    for i, when in enumerate((1_600_000_000, 1_780_000_000)):
+        f = tmp_path / f"{i}" / "train.log"
+        f.parent.mkdir()
+        f.write_text(text)
+        os.utime(f, (when, when))
+        ids.append(analyze_path(f).diagnosis.diagnosis_id)
+    assert ids[0] == ids[1]
