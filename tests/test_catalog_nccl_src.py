@@ -123,3 +123,21 @@ def test_nvls_bind_failure_names_the_fabric_but_never_drains():
     d = analyze_files(wl, {"logs/app/node-01.log": text}).diagnosis
     assert (d.status, d.sub_domain) == ("attributed", "nvswitch_fatal")
     assert d.recovery.action != "drain_nodes"
+
+
+def test_a_gid_table_change_before_the_ib_errors_is_the_cause_on_its_host():
+    # The async event's libibverbs name (ibv_event_type_str(IBV_EVENT_GID_CHANGE)), then the completion
+    # errors the broken queue pairs give on both sides: weak ib_link_error on the host that changed.
+    from firstfault.rules.engine import analyze_files
+
+    text = ("[2026-11-02 10:02:55,118] INFO step 1200 loss 2.3411\n"
+            "node-03:184785:184901 [3] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : GID table change\n"
+            "node-03:184785:184901 [3] transport/net_ib.cc:1712 NCCL WARN NET/IB : Got completion from peer "
+            "10.0.0.2<49189> with error 12, opcode 0, len 0, vendor err 129 (Recv)\n"
+            "node-01:208241:208300 [0] transport/net_ib.cc:1712 NCCL WARN NET/IB : Got completion from peer "
+            "10.0.0.3<49190> with error 12, opcode 0, len 0, vendor err 129 (Recv)\n")
+    wl = {"workload_id": "w", "state": "FAILED", "start_time": "2026-11-02T09:58:00Z",
+          "nodes": ["node-01", "node-02", "node-03"]}
+    d = analyze_files(wl, {"logs/app/train.log": text}).diagnosis
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "ib_link_error", ["node-03"])
+    assert d.recovery.action == "retry_excluding_nodes"
