@@ -82,6 +82,11 @@ class HostResolver:
     def rank_host(self, rank: int | None) -> str | None:
         return None if rank is None else self.workload.host_of_rank(rank)
 
+    def placed_by_block(self, rank: int | None) -> bool:
+        """Is ``rank``'s host only the block-placement guess (rank // gpus_per_node), not a stated map?
+        torchrun's rendezvous numbers nodes in its own order, so the guess can name another node."""
+        return rank is not None and rank not in self.workload.ranks and len(self.nodes) > 1
+
 
 @dataclass
 class ExtractStats:
@@ -299,8 +304,14 @@ class Extractor:
             host = file_host
         if host is None and head.host:
             host = self.hosts.node(head.host)
+        if host is None and file_host:
+            host = file_host
         if host is None:
-            host = file_host or self.hosts.rank_host(rank) or self.hosts.sole
+            host = self.hosts.rank_host(rank)
+            if host is not None and self.hosts.placed_by_block(rank):
+                fields["host_basis"] = "rank_placement"      # a guess: it never drains a node by itself
+        if host is None:
+            host = self.hosts.sole
         pci = normalize_pci(fields.get(pat.gpu_field)) if pat.gpu_field else None
         onset = head.stamp
         ran_ms = fields.get(pat.onset_field) if pat.onset_field else None

@@ -143,15 +143,16 @@ def _same_place(ctx: FinalContext, src: Ev, tgt: Ev) -> bool:
 
 
 def same_place(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev, unplaced: bool = False) -> bool:
-    """The rule's ``equal`` keys and, for same_host / same_gpu, the place. ``unplaced``: a side that
-    names no host joins too (the caller has made sure the other side's host is the only one it could be)."""
+    """The rule's ``equal`` keys and, for same_host / same_gpu, the place. ``unplaced``: one side's host
+    is unknown (or only a guess) and the caller has made sure the other side's is the only one it could
+    be: the hosts are not compared."""
     for key in rule.equal:
         have = value_of(src, key)
         if have is None or have != value_of(tgt, key):
             return False
     if rule.join not in ("same_host", "same_gpu"):
         return True
-    if not _same_place(ctx, src, tgt) and not (unplaced and (tgt.host is None or src.host is None)):
+    if not _same_place(ctx, src, tgt) and not unplaced:
         return False
     if rule.join == "same_gpu" and src.pci and tgt.pci and src.pci != tgt.pci:
         return False

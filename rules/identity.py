@@ -30,6 +30,7 @@ def fold_identities(ctx: FinalContext) -> None:
         # A report that names no host (a pasted dmesg, an unlabelled console line) is the other side's
         # only when every report on that side names one and the same host: nowhere else it could be.
         # The fault then has that host (the driver's line names the GPU, the app's line the host).
+        # A host that is only the rank's block-placement guess counts as unknown here.
         src_host, tgt_host = _lone_host(sources), _lone_host(targets)
         folded: list[Ev] = []
         placed_by: dict[str, str] = {}
@@ -39,14 +40,17 @@ def fold_identities(ctx: FinalContext) -> None:
             for src in sources:
                 if src is tgt or ctx.fault(src) is tgt or ctx.fault(src) is ctx.fault(tgt):
                     continue
-                unplaced = (tgt.host is None and src_host is not None) or (src.host is None and tgt_host is not None)
+                unplaced = (_known_host(tgt) is None and src_host is not None) or \
+                           (_known_host(src) is None and tgt_host is not None)
                 if not same_place(ctx, rule, src, tgt, unplaced=unplaced):
                     continue
                 if not within(ctx, src, tgt, rule.window_s):
                     continue
-                if src.host is None and tgt.host is not None:
-                    src.host = tgt.host
-                    placed_by[f"{src.path}:{src.line}"] = f"{tgt.path}:{tgt.line}"
+                for side, other in ((src, tgt), (tgt, src)):
+                    if _known_host(side) is None and _known_host(other) is not None and side.host != other.host:
+                        side.host = other.host          # the fault's host, from the report that names it
+                        side.fields.pop("host_basis", None)
+                        placed_by[f"{side.path}:{side.line}"] = f"{other.path}:{other.line}"
                 ctx.fault_of[id(tgt)] = src
                 ctx.explained_by[id(tgt)] = src
                 ctx.edges.append(Edge(rule.id, rule.relation, src, tgt))
@@ -58,7 +62,12 @@ def fold_identities(ctx: FinalContext) -> None:
                                                                   for t in folded}), **extra)
 
 
+def _known_host(ev: Ev) -> str | None:
+    """The host a line names (or its file or the job's one node), not the rank-placement guess."""
+    return None if ev.fields.get("host_basis") == "rank_placement" else ev.host
+
+
 def _lone_host(reports: list[Ev]) -> str | None:
     """The one host every report that names a host names, when there is exactly one."""
-    hosts = {r.host for r in reports if r.host}
+    hosts = {h for r in reports if (h := _known_host(r))}
     return next(iter(hosts)) if len(hosts) == 1 else None

@@ -108,20 +108,22 @@ def test_contained_xid94_is_the_root_and_retries():
 
 
 def test_cuda_ecc_alone_still_drains():
-    # Without the driver's line nothing says the error was contained: the app's report is the cause.
-    files = xid94_files()
-    del files["logs/syslog/gpu-b.log"]
+    # Without the driver's line nothing says the error was contained: the app's report, in its
+    # host's own log, is the cause.
+    files = {"logs/app/gpu-b.log": xid94_files()["logs/app/train.log"]}
     d = analyze_files(X94_WORKLOAD, files).diagnosis
     assert _answer(d) == ("attributed", "gpu_memory_ecc", ("gpu-b",), "drain_nodes")
 
 
 def test_reports_on_different_hosts_are_two_faults():
-    # The driver's ECC Xid on gpu-a and CUDA's ECC error of a rank on gpu-b: not one fault.
+    # The driver's ECC Xid on gpu-a and CUDA's ECC error in gpu-b's own log: not one fault, and the
+    # uncontained one on gpu-b still drains gpu-b.
     files = xid94_files()
     files["logs/syslog/gpu-a.log"] = files.pop("logs/syslog/gpu-b.log").replace("gpu-b", "gpu-a")
+    files["logs/app/gpu-b.log"] = files.pop("logs/app/train.log")
     d = analyze_files(X94_WORKLOAD, files).diagnosis
     assert not any(s.rule_id.startswith("final.same.") for s in d.evidence)
-    assert d.recovery.action != "retry" or d.status != "attributed"
+    assert (d.status, d.recovery.action, d.recovery.nodes) == ("attributed", "drain_nodes", ["gpu-b"])
 
 
 def test_a_plain_nvlink_error_is_refined_by_the_decoded_one():
@@ -265,3 +267,24 @@ def test_without_the_record_years_come_from_the_input_and_change_nothing(tmp_pat
     d = analyze_path(folder).diagnosis
     assert (d.status, d.sub_domain, tuple(d.responsible_nodes)) == want[:3]
     assert d.recovery.action == want[3]
+
+
+def test_a_rank_whose_host_is_only_a_placement_guess_joins_the_driver_s_fault():
+    # Rank 3 of a merged log: by block placement (3 // 8) it would be gpu-a, but nothing names its host;
+    # torchrun's rendezvous may have put it on gpu-b, where the driver logged the contained Xid 94.
+    files = xid94_files()
+    files["logs/app/train.log"] = files["logs/app/train.log"].replace("[default3]:[rank11]: RuntimeError",
+                                                                      "[default3]:[rank3]: RuntimeError")
+    d = analyze_files(X94_WORKLOAD, files).diagnosis
+    assert _answer(d) == ("attributed", "gpu_memory_ecc", ("gpu-b",), "retry")
+
+
+def test_a_placement_guess_alone_never_drains():
+    files = xid94_files()
+    del files["logs/syslog/gpu-b.log"]
+    d = analyze_files(X94_WORKLOAD, files).diagnosis         # rank 11 -> gpu-b only by its place
+    assert (d.status, d.sub_domain) == ("attributed", "gpu_memory_ecc")
+    assert d.recovery.action == "retry_excluding_nodes" and "place in the job" in d.recovery.reason
+    # The same line in gpu-b's own log names its host: then the node is drained.
+    d = analyze_files(X94_WORKLOAD, {"logs/app/gpu-b.log": files["logs/app/train.log"]}).diagnosis
+    assert d.recovery.action == "drain_nodes" and d.recovery.nodes == ["gpu-b"]

@@ -682,6 +682,11 @@ def _own_action(root: Ev, action: str) -> tuple[str, list[str]]:
     if action == "drain_nodes" and root.strength != "strong":
         action = "retry_excluding_nodes"
         why.append("the evidence is indirect, so the node is excluded from the rerun, not drained")
+    elif action == "drain_nodes" and root.fields.get("host_basis") == "rank_placement":
+        # rank // GPUs-per-node names a node only when ranks were placed in the record's node order.
+        action = "retry_excluding_nodes"
+        why.append("its host is only the rank's place in the job, not a line that names it, so the node is "
+                   "excluded from the rerun, not drained")
     return action, why
 
 
