@@ -164,7 +164,7 @@ def read_head(line: str, ctx: StampContext) -> Head:
     """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
     head = Head(message=line)
     text = line
-    bar = line.find("%|", 0, 400) >= 0
+    bar = "%|" in line                  # a progress bar may sit before the log line (tried first then)
     for round_ in range(12):
         stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
         m = None
