@@ -29,8 +29,9 @@ TEST_DATA = ("tests/",)
 TMP = "/" + "tmp/"                      # spelled in pieces, so this file passes its own check
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("gen_taxonomy_doc", ROOT / "scripts" / "gen_taxonomy_doc.py")
+def _load_generator(name: str = "gen_taxonomy_doc"):
+    """A script of scripts/ as a module (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(mod)
@@ -224,11 +225,7 @@ def test_commands_doc_covers_every_command_and_option():
 # ---------------------------------------------------------------- coverage of the emitters' messages
 
 def _load_coverage():
-    spec = importlib.util.spec_from_file_location("gen_coverage_doc", ROOT / "scripts" / "gen_coverage_doc.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    return _load_generator("gen_coverage_doc")
 
 
 def test_coverage_doc_is_the_generated_page():
