@@ -47,10 +47,11 @@ def fold_identities(ctx: FinalContext) -> None:
                 if not within(ctx, src, tgt, rule.window_s):
                     continue
                 for side, other in ((src, tgt), (tgt, src)):
-                    if _known_host(side) is None and _known_host(other) is not None and side.host != other.host:
-                        side.host = other.host          # the fault's host, from the report that names it
-                        side.fields.pop("host_basis", None)
-                        placed_by[f"{side.path}:{side.line}"] = f"{other.path}:{other.line}"
+                    if _known_host(side) is None and _known_host(other) is not None:
+                        if side.host != other.host:     # the fault's host, from the report that names it
+                            side.host = other.host
+                            placed_by[f"{side.path}:{side.line}"] = f"{other.path}:{other.line}"
+                        side.fields.pop("host_basis", None)     # no longer a guess
                 ctx.fault_of[id(tgt)] = src
                 ctx.explained_by[id(tgt)] = src
                 ctx.edges.append(Edge(rule.id, rule.relation, src, tgt))
