@@ -25,7 +25,8 @@ class StreamConfig(BaseModel):
     batch: int = Field(default=5000, ge=1, description="raw records per extractor batch")
     watermark_wait_s: float = Field(default=120.0, ge=0, description=(
         "how long a final diagnosis waits past the grace for the extractors to have read every raw "
-        "partition up to the end event (then it says so in missing_evidence); 0: do not wait"))
+        "partition up to the end event; then a provisional says what is missing and the final waits "
+        "for the evidence, up to lateness_s; 0: do not wait"))
     watermark_margin_s: float = Field(default=1.0, ge=0, description=(
         "an extractor's progress counts once stamped this long after the end event: clock skew "
         "between hosts and the age of a fetch's high watermark"))

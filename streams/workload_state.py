@@ -10,7 +10,12 @@ Lifecycle, driven by :func:`decide`:
 * running: a batch with an event the EARLY rules tag as a strong root triggers a
   diagnosis against the start record; if FINAL already attributes it, a
   ``provisional`` diagnosis (revision 0) goes out, at most once per distinct result;
-* ended: after the grace (:func:`due_for_final`) the final diagnosis (revision 0);
+* ended: after the grace (:func:`due_for_final`) the final diagnosis (revision 0), once the
+  extractors have read every raw partition up to the end (:mod:`.progress`); past
+  ``watermark_wait_s`` without that, a provisional that says what is missing, and the final
+  only when the evidence completes (or, still behind, at the lateness horizon, saying so);
+* no diagnosis made on evidence known to be incomplete (a running workload, extractors
+  behind) carries a node drain or exclusion (:func:`held_back`);
 * late evidence within ``lateness_s`` of the end: a revision (+1) only when the
   *result* changed (:func:`result_hash`), not merely the evidence;
 * past the lateness horizon the state is closed (events dropped, a small tombstone
@@ -363,6 +368,24 @@ def _emit(state: WorkloadState, d: Diagnosis, revision: int, provisional: bool) 
     return d
 
 
+# Recovery actions that take a node out of service: never on evidence known to be incomplete.
+NODE_ACTIONS = frozenset({"drain_nodes", "retry_excluding_nodes"})
+
+
+def held_back(d: Diagnosis, why: str) -> Diagnosis:
+    """``d`` without a node drain or exclusion: made on evidence the pipeline knows is incomplete
+    (a running workload, extractors still behind), where a healthy node must not be taken out."""
+    rec = d.recovery
+    if rec.action not in NODE_ACTIONS:
+        return d
+    held = rec.model_copy(update={
+        "action": "none", "nodes": [],
+        "reason": f"held back: {why}; the final diagnosis decides ({rec.action} on "
+                  f"{', '.join(rec.nodes) or 'no node'} on the evidence so far: {rec.reason})",
+        "next_step": "wait for the final diagnosis before draining or excluding a node"})
+    return d.model_copy(update={"recovery": held})
+
+
 def _provisional(state: WorkloadState, catalog: Catalog) -> list[Diagnosis]:
     if not state.root_arrived:
         return []
@@ -370,9 +393,27 @@ def _provisional(state: WorkloadState, catalog: Catalog) -> list[Diagnosis]:
     if len(state.provisional) >= MAX_PROVISIONAL:
         return []
     d = diagnose_state(state, catalog)      # the start record: terminal state "unknown"
+    d = held_back(d, "the workload is still running")
     if d.status != "attributed" or any(p.result == result_hash(d) for p in state.provisional):
         return []
     return [_emit(state, d, 0, True)]
+
+
+def _incomplete(state: WorkloadState, catalog: Catalog, behind: list[int], cfg: StreamConfig) -> list[Diagnosis]:
+    """Past the progress wait with extractors still behind: a provisional that says so, once per
+    distinct result and only when evidence changed; the final waits for the evidence."""
+    if not state.dirty or len(state.provisional) >= MAX_PROVISIONAL:
+        return []
+    state.dirty = state.root_arrived = False
+    d = _noting_behind(diagnose_state(state, catalog), behind, cfg)
+    if any(p.result == result_hash(d) for p in state.provisional):
+        return []
+    return [_emit(state, d, 0, True)]
+
+
+def _noting_behind(d: Diagnosis, behind: list[int], cfg: StreamConfig) -> Diagnosis:
+    d = d.model_copy(update={"missing_evidence": [*d.missing_evidence, extractors_behind(behind, cfg)]})
+    return held_back(d, "the extractors have not read every raw partition up to the end event")
 
 
 def close(state: WorkloadState, wall_now: datetime) -> None:
@@ -391,12 +432,11 @@ def waited_for_extractors(state: WorkloadState, wall_now: datetime, cfg: StreamC
 
 
 def extractors_behind(partitions: list[int], cfg: StreamConfig) -> MissingEvidence:
-    """What a final published without the extractors' progress says about it."""
+    """What a diagnosis made without the extractors' progress says about it."""
     names = ", ".join(str(p) for p in partitions)
     return MissingEvidence(kind="stream", detail=(
         f"the extractors had not read raw partition(s) {names} up to the end event "
-        f"{cfg.watermark_wait_s:g} s after it: lines there are not in this diagnosis (a revision follows "
-        f"if they change it)"))
+        f"{cfg.watermark_wait_s:g} s after it: lines there are not in this diagnosis"))
 
 
 def decide(state: WorkloadState, catalog: Catalog, now: Now, cfg: StreamConfig) -> list[Diagnosis]:
@@ -409,12 +449,17 @@ def decide(state: WorkloadState, catalog: Catalog, now: Now, cfg: StreamConfig) 
         if not due_for_final(state, now.stream, now.wall, cfg):
             return []
         behind = now.behind(state) if now.behind is not None and cfg.watermark_wait_s > 0 else []
-        if behind and not waited_for_extractors(state, now.wall, cfg):
-            return []                       # the timer looks again; the last provisional view stands
+        if behind:
+            if not waited_for_extractors(state, now.wall, cfg):
+                return []                   # the timer looks again; the last provisional view stands
+            if now.wall < state.end_seen + timedelta(seconds=max(cfg.lateness_s, cfg.watermark_wait_s)):
+                return _incomplete(state, catalog, behind, cfg)
+        # Complete, or the lateness horizon came with extractors still behind: the last word then
+        # says what is missing and drains nothing.
         state.dirty = state.root_arrived = False
         d = diagnose_state(state, catalog)
         if behind:
-            d = d.model_copy(update={"missing_evidence": [*d.missing_evidence, extractors_behind(behind, cfg)]})
+            d = _noting_behind(d, behind, cfg)
         return [_emit(state, d, 0, False)]
     if past_lateness(state, now.stream, now.wall, cfg):
         close(state, now.wall)

@@ -72,8 +72,8 @@ def test_the_extractor_side_reports_committed_positions_and_delivered_events():
     assert [r.partition for r in tr.reports({0: 9}, T0)] == [0]
 
 
-def _ended_state(cfg: StreamConfig, end_seen: datetime):
-    bundle = open_bundle(SAMPLES / "cuda-oom-one-rank")
+def _ended_state(cfg: StreamConfig, end_seen: datetime, sample: str = "cuda-oom-one-rank"):
+    bundle = open_bundle(SAMPLES / sample)
     wl = bundle.workload
     st = new_state(wl.workload_id, wl.attempt, end_seen, partition=0)
     from firstfault.schemas import EventBatch, SchedulerEvent
@@ -87,18 +87,48 @@ def _ended_state(cfg: StreamConfig, end_seen: datetime):
     return st
 
 
-def test_a_final_waits_for_the_extractors_but_no_longer_than_the_bound():
-    cfg = StreamConfig(grace_s=3600, grace_cap_s=1, watermark_wait_s=30)
+def test_past_the_wait_a_provisional_says_what_is_missing_and_the_final_waits_for_the_evidence():
+    cfg = StreamConfig(grace_s=3600, grace_cap_s=1, watermark_wait_s=30, lateness_s=600)
     seen = datetime(2026, 11, 4, 15, 0, tzinfo=timezone.utc)
     catalog = load_catalog()
     st = _ended_state(cfg, seen)
     behind = lambda s: [1]                                           # noqa: E731 - partition 1 is behind
-    assert decide(st, catalog, Now(wall=seen + timedelta(seconds=5), behind=behind), cfg) == []
-    assert decide(st, catalog, Now(wall=seen + timedelta(seconds=29), behind=behind), cfg) == []
-    (final,) = decide(st, catalog, Now(wall=seen + timedelta(seconds=30), behind=behind), cfg)
-    assert not final.provisional and final.revision == 0
-    note = [m for m in final.missing_evidence if m.kind == "stream"]
+    at = lambda s: Now(wall=seen + timedelta(seconds=s), behind=behind)   # noqa: E731
+    assert decide(st, catalog, at(5), cfg) == []
+    assert decide(st, catalog, at(29), cfg) == []
+    (prov,) = decide(st, catalog, at(30), cfg)
+    assert prov.provisional and prov.revision == 0 and st.published is None
+    note = [m for m in prov.missing_evidence if m.kind == "stream"]
     assert len(note) == 1 and "raw partition(s) 1" in note[0].detail
+    assert decide(st, catalog, at(31), cfg) == []                   # said once; nothing new came
+    # Caught up later: the final, with nothing said about the stream.
+    (final,) = decide(st, catalog, Now(wall=seen + timedelta(seconds=90), behind=lambda s: []), cfg)
+    assert not final.provisional and final.revision == 0
+    assert not [m for m in final.missing_evidence if m.kind == "stream"]
+    # Never caught up: at the lateness horizon a final that says so.
+    st = _ended_state(cfg, seen)
+    assert decide(st, catalog, at(30), cfg)[0].provisional
+    assert decide(st, catalog, at(599), cfg) == []
+    (last,) = decide(st, catalog, at(600), cfg)
+    assert not last.provisional and [m for m in last.missing_evidence if m.kind == "stream"]
+
+
+def test_no_drain_or_exclusion_on_evidence_known_to_be_incomplete():
+    """A fault whose final drains a node: the provisional past the wait and the last-resort final
+    hold the drain back and name it; the final on complete evidence drains."""
+    cfg = StreamConfig(grace_s=3600, grace_cap_s=1, watermark_wait_s=30, lateness_s=600)
+    seen = datetime(2026, 11, 4, 15, 0, tzinfo=timezone.utc)
+    catalog = load_catalog()
+    behind = lambda s: [0, 2]                                        # noqa: E731
+    st = _ended_state(cfg, seen, "gpu-fell-off-bus-32node")
+    (prov,) = decide(st, catalog, Now(wall=seen + timedelta(seconds=30), behind=behind), cfg)
+    assert prov.recovery.action == "none" and prov.recovery.nodes == []
+    assert "held back" in prov.recovery.reason and "drain_nodes" in prov.recovery.reason
+    (last,) = decide(st, catalog, Now(wall=seen + timedelta(seconds=600), behind=behind), cfg)
+    assert not last.provisional and last.recovery.action == "none"
+    st = _ended_state(cfg, seen, "gpu-fell-off-bus-32node")
+    (final,) = decide(st, catalog, Now(wall=seen + timedelta(seconds=2), behind=lambda s: []), cfg)
+    assert final.recovery.action == "drain_nodes" and final.recovery.nodes
     # Caught up: final at the grace, nothing said; no extractor known (behind None): as before.
     for b in (lambda s: [], None):
         st = _ended_state(cfg, seen)

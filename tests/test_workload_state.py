@@ -258,7 +258,7 @@ def test_provisional_once_for_a_running_workload_whose_root_arrives_early(catalo
 def test_provisional_only_for_a_strong_root_that_final_attributes(catalog):
     """Over every sample, running with all its evidence: provisional iff EARLY tags a strong root
     and FINAL, on the start record, attributes; both outcomes must occur for this to mean anything."""
-    outcomes = set()
+    outcomes, held = set(), set()
     for bundle in sample_dirs():
         wl, events, paths, _ = sample(bundle.name)
         st = new_state(wl.workload_id, wl.attempt, T0)
@@ -270,7 +270,14 @@ def test_provisional_only_for_a_strong_root_that_final_attributes(catalog):
         assert bool(got) == want, bundle.name
         assert not st.root_arrived
         outcomes.add(want)
+        if got:                          # a running workload is incomplete evidence: no node taken out
+            assert got[0].recovery.action not in ("drain_nodes", "retry_excluding_nodes"), bundle.name
+            would = diagnose_state(st, catalog).recovery.action
+            held.add(would in ("drain_nodes", "retry_excluding_nodes"))
+            assert got[0].recovery.action == ("none" if would in ("drain_nodes", "retry_excluding_nodes")
+                                              else would), bundle.name
     assert outcomes == {True, False}
+    assert held == {True, False}         # some provisionals held a drain back, some had none to hold
 
 
 def test_a_root_before_the_start_is_judged_when_the_start_arrives(catalog):
