@@ -10,11 +10,13 @@ its wall clock, and where its EventBatches ended on each events partition.
 A report with ``position >= high`` says "I had read everything the broker had". That
 holds for an idle partition too (position = high = its committed offset, or 0 when it
 never held a record), so an idle partition never blocks. The correlator finalizes an
-ended attempt once, for every raw partition, such a caught-up report is stamped after
-the end event (plus ``watermark_margin_s`` for clock skew and the fetch's age) and it
-has merged the EventBatches that report counts on the attempt's events partition. A
-restarted or rebalanced extractor simply reports again; until one does, the partition
-is behind. The wait is bounded by ``watermark_wait_s``.
+ended attempt once, for every raw partition, a report stamped after the end event (plus
+``watermark_margin_s`` for clock skew and the fetch's age) named a high watermark that a
+report at or after it has read up to, and it has merged the EventBatches that report
+counts on the attempt's events partition. So under a backlog a workload waits for the
+lines shipped before its end, not for the whole backlog. A restarted or rebalanced
+extractor simply reports again; until one does, the partition is behind. Past
+``watermark_wait_s`` the correlator says so in a provisional diagnosis.
 
 Both sides are here, without Kafka: :class:`ProgressTracker` (extractor) and
 :class:`ProgressView` (correlator).
@@ -32,7 +34,7 @@ from firstfault.schemas.records import Progress
 log = logging.getLogger("firstfault.progress")
 
 PROGRESS_EVERY_S = 1.0        # an extractor reports each owned partition at least this often
-KEEP_REPORTS = 4096           # caught-up reports kept per raw partition (about an hour at 1/s)
+KEEP_REPORTS = 4096           # reports kept per raw partition (about an hour at 1/s per owner)
 
 
 def progress_key(topic: str, partition: int) -> bytes:
@@ -82,14 +84,23 @@ class ProgressTracker:
 
 
 class ProgressView:
-    """The correlator's side: the caught-up reports per raw partition, and who is behind."""
+    """The correlator's side: the extractors' reports per raw partition, and who is behind.
+
+    A partition has passed an attempt's end once a report stamped at or after the end (+ the
+    margin) gave its high watermark ``h`` (everything shipped before the end is below it) and a
+    report at or after that one has ``position >= h``: read that far. Under a backlog that is
+    long before the partition is drained (a caught-up report is the case where both are one).
+    """
 
     def __init__(self, raw_topic: str, partitions: int) -> None:
         self.raw_topic = raw_topic
         self.partitions = partitions
         self.seen_any = False                 # an extractor ever reported: the gate applies
-        self._ts: dict[int, list[int]] = {}   # partition -> ts_ms of caught-up reports, sorted
+        self._ts: dict[int, list[int]] = {}   # partition -> ts_ms of usable reports (high known), sorted
+        self._pos: dict[int, list[int]] = {}  # ... their positions, highs and events_end, in that order
+        self._high: dict[int, list[int]] = {}
         self._ends: dict[int, list[dict[int, int]]] = {}
+        self._most: dict[int, list[int]] = {}  # running max of positions (bisect), rebuilt when stale
         self.latest: dict[int, Progress] = {}
 
     def add_json(self, value: bytes | None) -> bool:
@@ -109,27 +120,58 @@ class ProgressView:
         p = rep.partition
         if p not in self.latest or rep.ts_ms >= self.latest[p].ts_ms:
             self.latest[p] = rep
-        if rep.caught_up:
-            ts, ends = self._ts.setdefault(p, []), self._ends.setdefault(p, [])
-            i = bisect.bisect_right(ts, rep.ts_ms)
-            ts.insert(i, rep.ts_ms)
-            ends.insert(i, rep.events_end)
-            if len(ts) > KEEP_REPORTS:        # the oldest go: an attempt waits watermark_wait_s at most
-                del ts[:len(ts) - KEEP_REPORTS]
-                del ends[:len(ends) - KEEP_REPORTS]
+        if rep.high < 0:                      # the extractor's timeline was not current: says nothing
+            return True
+        ts = self._ts.setdefault(p, [])
+        cols = (self._pos.setdefault(p, []), self._high.setdefault(p, []), self._ends.setdefault(p, []))
+        i = bisect.bisect_right(ts, rep.ts_ms)
+        ts.insert(i, rep.ts_ms)
+        for col, v in zip(cols, (rep.position, rep.high, rep.events_end)):
+            col.insert(i, v)
+        most = self._most.get(p)
+        if most is not None and i == len(most):
+            most.append(max(most[-1], rep.position) if most else rep.position)
+        else:
+            self._most.pop(p, None)           # inserted before the end: rebuilt at the next look
+        if len(ts) > KEEP_REPORTS:            # the oldest go: an attempt waits watermark_wait_s at most
+            cut = len(ts) - KEEP_REPORTS
+            for col in (ts, *cols):
+                del col[:cut]
+            self._most.pop(p, None)
         return True
 
+    def _running_max(self, p: int) -> list[int]:
+        most = self._most.get(p)
+        if most is None:
+            most, top = [], -1
+            for v in self._pos.get(p, []):
+                top = max(top, v)
+                most.append(top)
+            self._most[p] = most
+        return most
+
+    def _passed(self, p: int, since_ms: int) -> int | None:
+        """The index of the first report that read partition ``p`` past what it held at ``since_ms``."""
+        ts = self._ts.get(p, [])
+        i = bisect.bisect_left(ts, since_ms)
+        if i == len(ts):
+            return None
+        pos, need = self._pos[p], self._high[p][i]
+        j = max(i, bisect.bisect_left(self._running_max(p), need))
+        while j < len(ts) and pos[j] < need:  # a later owner started lower (a rebalance): rare, short
+            j += 1
+        return j if j < len(ts) else None
+
     def behind(self, since_ms: int, events_partition: int | None, events_position: int | None) -> list[int]:
-        """Raw partitions not yet read up to ``since_ms``: no caught-up report stamped at or after it,
-        or the first such report counts on EventBatches the correlator has not merged yet."""
+        """Raw partitions not yet read past what they held at ``since_ms``, or read that far by a report
+        that counts on EventBatches the correlator has not merged yet."""
         out = []
         for p in range(self.partitions):
-            ts = self._ts.get(p, [])
-            i = bisect.bisect_left(ts, since_ms)
-            if i == len(ts):
+            j = self._passed(p, since_ms)
+            if j is None:
                 out.append(p)
                 continue
-            need = self._ends[p][i].get(events_partition, 0) if events_partition is not None else 0
+            need = self._ends[p][j].get(events_partition, 0) if events_partition is not None else 0
             if need > 0 and (events_position is None or events_position < need):
                 out.append(p)
         return out

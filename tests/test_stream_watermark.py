@@ -53,6 +53,32 @@ def test_a_partition_counts_once_a_caught_up_report_is_stamped_after_the_end():
     assert view.behind(T0, 0, 6) == [0]               # the correlator merged up to 6 only
     assert view.behind(T0, 0, 7) == [] and view.behind(T0, 1, None) == []
     assert view.behind(T0 + 21, 0, 7) == [0, 1]       # a later end needs later reports
+    view.add(rep(0, 5, -1, T0 + 30))                  # timeline not current: says nothing
+    assert view.behind(T0 + 21, 0, 7) == [0, 1]
+
+
+def test_under_a_backlog_a_partition_passes_once_read_up_to_what_it_held_at_the_end():
+    """Never caught up (more keeps coming), yet read past the end: the attempt need not wait."""
+    view = ProgressView("t.raw", partitions=1)
+    view.add(rep(0, 100, 500, T0 - 5))
+    view.add(rep(0, 300, 800, T0 + 1, {0: 3}))        # at the end the partition held 800 records
+    assert view.behind(T0, 0, 10) == [0]
+    view.add(rep(0, 790, 1500, T0 + 9, {0: 6}))
+    assert view.behind(T0, 0, 10) == [0]
+    view.add(rep(0, 820, 2100, T0 + 14, {0: 8}))      # past 800: the lines shipped before the end are read
+    assert view.behind(T0, 0, 7) == [0]               # ... once the batches it counts on are merged
+    assert view.behind(T0, 0, 8) == []
+    assert view.behind(T0 + 10, 0, 8) == [0]          # a later end: 1500 not read yet
+    # A rebalance: the new owner starts from the commit, lower than the old owner's position.
+    view.add(rep(0, 600, 2100, T0 + 20, {0: 9}))
+    view.add(rep(0, 2150, 2300, T0 + 25, {0: 11}))
+    assert view.behind(T0 + 10, 0, 10) == [0] and view.behind(T0 + 10, 0, 11) == []
+    # Reports arriving out of stamp order (two owners' clocks) give the same answer.
+    again = ProgressView("t.raw", partitions=1)
+    for r in reversed([rep(0, 300, 800, T0 + 1, {0: 3}), rep(0, 790, 1500, T0 + 9, {0: 6}),
+                       rep(0, 820, 2100, T0 + 14, {0: 8})]):
+        again.add(r)
+    assert again.behind(T0, 0, 8) == [] and again.behind(T0 + 10, 0, 8) == [0]
     assert not view.add_json(b"not json") and not view.add(rep(0, 1, 1, T0).model_copy(update={"topic": "other"}))
 
 
