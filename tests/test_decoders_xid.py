@@ -290,6 +290,36 @@ def test_every_code_of_the_reference_table_is_catalogued():
             assert e["strength"] in ("strong", "weak"), code
 
 
+# Names in NVIDIA/open-gpu-kernel-modules src/common/sdk/nvidia/inc/nverror.h (595.45.04) that
+# differ from those in NVIDIA's Xid catalog; the table keeps "nverror.h name / catalog name".
+NVERROR_595_NAMES = {
+    30: ("ROBUST_CHANNEL_UNUSED_ERROR_30", "ROBUST_CHANNEL_BAD_ADDR_ACCESS"),
+    63: ("INFOROM_PAGE_RETIREMENT_EVENT", "INFOROM_DRAM_RETIREMENT_EVENT"),
+    64: ("INFOROM_PAGE_RETIREMENT_FAILURE", "INFOROM_DRAM_RETIREMENT_FAILURE"),
+    152: ("RESERVED7_ERROR", "ROBUST_CHANNEL_DLA_SMMU_ERROR"),
+    153: ("RESERVED8_ERROR", "ROBUST_CHANNEL_DLA_TIMEOUT"),
+    162: ("ISINK_REENGAGED", "PSHC_REENGAGED"),
+    163: ("ISINK_DISENGAGED", "PSHC_DISENGAGED"),
+    164: ("ISINK_LOW_LIFETIME", "PSHC_LOW_LIFETIME"),
+    165: ("ISINK_ZERO_LIFETIME", "PSHC_ZERO_LIFETIME"),
+    166: ("NVLINK_SECURE_NVLE_ERROR", "NVLINK_SECURE_CRYPTO_ERR"),
+    170: ("NVLINK_SECURE_ERROR", "NVLINK_SECURE_OTHER"),
+}
+NVERROR_595_LAST_ERROR = 176          # ROBUST_CHANNEL_LAST_ERROR
+
+
+@pytest.mark.parametrize("code", sorted(NVERROR_595_NAMES))
+def test_mnemonic_gives_the_nverror_h_name_then_the_catalog_name(code):
+    assert load_xid_table().entries[code]["mnemonic"] == " / ".join(NVERROR_595_NAMES[code])
+
+
+def test_every_code_up_to_the_drivers_last_error_is_catalogued():
+    entries = load_xid_table().entries
+    assert [c for c in range(1, NVERROR_595_LAST_ERROR + 1) if c not in entries] == []
+    for code in (174, 175, 176):                          # nverror.h only: meaning not documented
+        assert entries[code]["verified"] is False, code
+
+
 def test_every_sub_domain_in_xid_yaml_is_in_the_taxonomy():
     taxonomy = yaml.safe_load((ROOT / "data" / "taxonomy.yaml").read_text())["domains"]
     doc = yaml.safe_load((ROOT / "data" / "xid.yaml").read_text())
