@@ -32,11 +32,12 @@
 
 #include "_avro_time.h"
 
-static const char FINGERPRINT[8] = {0x6a, (char)0x96, 0x52, (char)0xc4, 0x15, 0x3c, 0x65, (char)0x88};
+static const char FINGERPRINT[8] = {(char)0x86, (char)0x8c, 0x43, 0x3d, (char)0xfd, 0x0a, (char)0xd5, 0x68};
 
 /* Field names of each record, in the schema's order (fastavro's dict order). */
-enum { B_WORKLOAD, B_ATTEMPT, B_EVENTS, B_PATHS, B_METRIC_HOSTS, N_BATCH };
-static const char *const BATCH_NAMES[N_BATCH] = {"workload_id", "attempt", "events", "paths", "metric_hosts"};
+enum { B_WORKLOAD, B_ATTEMPT, B_EVENTS, B_PATHS, B_METRIC_HOSTS, B_LINE_FILES, B_LINES, N_BATCH };
+static const char *const BATCH_NAMES[N_BATCH] = {"workload_id", "attempt", "events", "paths", "metric_hosts",
+                                                 "line_files", "lines"};
 
 enum {
     E_KIND, E_PATTERN, E_SOURCE, E_HOST, E_GPU, E_RANK, E_STAMP, E_LAST_STAMP, E_ONSET, E_STAMP_QUALITY,
@@ -260,6 +261,13 @@ fail:
     return NULL;
 }
 
+/* EventBatch.lines' items: an array of longs. */
+static PyObject *
+read_longs(Reader *r, Cache *Py_UNUSED(c))
+{
+    return read_array(r, read_long_fn, NULL);
+}
+
 /* Event.fields: map of ["null", "string", "long", "double", "boolean"]. */
 static PyObject *
 read_field_value(Reader *r, Cache *c)
@@ -401,7 +409,9 @@ read_batch(Reader *r)
             || put(d, k[B_ATTEMPT], read_long_obj(r)) < 0
             || put(d, k[B_EVENTS], read_array(r, read_event, caches)) < 0
             || put(d, k[B_PATHS], read_array(r, read_string, &names)) < 0
-            || put(d, k[B_METRIC_HOSTS], read_array(r, read_string, &names)) < 0))
+            || put(d, k[B_METRIC_HOSTS], read_array(r, read_string, &names)) < 0
+            || put(d, k[B_LINE_FILES], read_array(r, read_string, NULL)) < 0
+            || put(d, k[B_LINES], read_array(r, read_longs, NULL)) < 0))
         Py_CLEAR(d);
     for (int i = 0; i < N_CACHE; i++)
         Py_XDECREF(caches[i].str);

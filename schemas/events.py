@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FieldValue = str | int | float | bool | None
 
@@ -82,3 +82,18 @@ class EventBatch(BaseModel):
     paths: list[str] = Field(default_factory=list, description="bundle paths that contributed lines (evidence inventory)")
     metric_hosts: list[str] = Field(default_factory=list,
                                     description="hosts named by the metrics samples read (evidence inventory)")
+    line_files: list[str] = Field(default_factory=list, description="the files ``lines`` names, by index")
+    lines: list[list[int]] = Field(default_factory=list, description=(
+        "per event, in order: the raw lines it was made of in this batch, as runs (index in line_files, "
+        "first line, last line); so a batch read twice adds nothing. Empty, or an event's [] : not known "
+        "(counted as delivered)"))
+
+    @model_validator(mode="after")
+    def _lines_match_events(self) -> "EventBatch":
+        if self.lines and len(self.lines) != len(self.events):
+            raise ValueError(f"lines has {len(self.lines)} entries for {len(self.events)} events")
+        for runs in self.lines:
+            if len(runs) % 3 or any(not 0 <= runs[i] < len(self.line_files) or not 1 <= runs[i + 1] <= runs[i + 2]
+                                    for i in range(0, len(runs), 3)):
+                raise ValueError("lines: each run is (file index, first line, last line), first <= last")
+        return self

@@ -146,6 +146,9 @@ class ExtractorCore:
         self.metrics_reader = MetricsReader()
         self.metric_pending: deque[Held] = deque()      # samples whose workload is not known yet
         self._metric_hosts: dict[tuple[str, int], list[str]] = {}   # for the batches being built
+        # For the batches being built: workload -> signature -> the (file, line) its lines came from,
+        # so the correlator counts a line once however often it is read (EventBatch.lines).
+        self._lines: dict[tuple[str, int], dict[str, list[tuple[str, int]]]] = {}
         self.failures: list[Failure] = []               # taken by the worker after every call
 
     def take_failures(self) -> list[Failure]:
@@ -365,6 +368,7 @@ class ExtractorCore:
                 check_encodable(ev)
                 key = (alloc.workload.workload_id, alloc.workload.attempt)
                 out.setdefault(key, EventSet()).add(ev)
+                self._lines.setdefault(key, {}).setdefault(ev.signature, []).append((_line_file(rec), rec.line))
                 self.counters.events += 1
 
     def _hold(self, rec: RawLine, ts_ms: int, now: float) -> None:
@@ -481,20 +485,46 @@ class ExtractorCore:
 
     def _batches(self, out: dict, paths: dict) -> dict[tuple[str, int], EventBatch]:
         batches: dict[tuple[str, int], EventBatch] = {}
+        lines_of, self._lines = self._lines, {}
         for key in sorted(set(out) | set(paths) | set(self._metric_hosts)):
             new_paths = sorted(p for p in paths.get(key, ()) if (key[0], key[1], p) not in self._sent_paths)
             events = []
+            occurrences = lines_of.get(key, {})
+            files: dict[str, int] = {}
+            runs: list[list[int]] = []
             for e in (out[key].sorted() if key in out else ()):
                 try:
                     events.append(e.to_schema())
                 except Exception as exc:  # one event the contract refuses: that line's dead letter
                     self._failed(exc, "encode", ref=(e.path, e.line))
+                    continue
+                runs.append(line_runs(occurrences.get(e.signature, ()), files))
             if not events and not new_paths and key not in self._metric_hosts:
                 continue
             self._sent_paths.update((key[0], key[1], p) for p in new_paths)
             batches[key] = EventBatch(workload_id=key[0], attempt=key[1], events=events, paths=new_paths,
-                                      metric_hosts=self._metric_hosts.pop(key, []))
+                                      metric_hosts=self._metric_hosts.pop(key, []),
+                                      line_files=list(files) if any(runs) else [],
+                                      lines=runs if any(runs) else [])
         return batches
+
+
+def _line_file(rec: RawLine) -> str:
+    """A file as the correlator tells lines apart: the host, the workload it ships for, the path."""
+    return f"{rec.host or ''}\x1f{rec.workload_id or ''}\x1f{rec.path}"
+
+
+def line_runs(occurrences, files: dict[str, int]) -> list[int]:
+    """(file, line) pairs -> runs of consecutive lines, flat (file index, first, last); ``files``
+    gives each file its index in the batch (new ones appended)."""
+    out: list[int] = []
+    for f, line in sorted(set(occurrences)):
+        i = files.setdefault(f, len(files))
+        if out and out[-3] == i and out[-1] == line - 1:
+            out[-1] = line
+        else:
+            out += [i, line, line]
+    return out
 
 
 def _mem_key(rec: RawLine) -> str:

@@ -231,13 +231,14 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, Chosen], catalog: Catalog, m
     versions: dict[Key, dict[str, int]] = {k: {} for k in chosen}
     paths: dict[Key, set[str]] = {k: set() for k in chosen}
     metric_hosts: dict[Key, set[str]] = {k: set() for k in chosen}
+    counted: dict[Key, dict[str, list[int]]] = {k: {} for k in chosen}     # lines counted: line_ledger
 
     def run(batch: list[tuple[RawLine, int]]) -> None:
         batches = core.handle(batch)
         counts["raw_unreadable"] += len(core.take_failures())     # lines the engine raised on: left out
         for key, out in batches.items():
             if key in events:
-                merge_events(events[key], versions[key], out.events)
+                merge_events(events[key], versions[key], out.events, counted[key], out.line_files, out.lines)
                 paths[key].update(out.paths)
                 metric_hosts[key].update(out.metric_hosts)
 

@@ -45,6 +45,7 @@ from firstfault.rules.model import Ev
 from firstfault.schemas import Diagnosis, Event, EventBatch, MissingEvidence, SchedulerEvent, WorkloadRecord
 
 from .config import StreamConfig
+from .line_ledger import claim_runs
 from .metrics_reader import replacement_of
 
 MAX_PROVISIONAL = 16          # distinct provisional results per attempt: a guard against a flapping cascade
@@ -89,6 +90,8 @@ class WorkloadState(BaseModel):
     paths: list[str] = Field(default_factory=list)
     metric_hosts: list[str] = Field(default_factory=list, description="hosts named by metrics samples")
     offsets: dict[str, int] = Field(default_factory=dict, description="highest input offset applied, per topic")
+    lines_counted: dict[str, list[int]] = Field(default_factory=dict, description=(
+        "per file, the raw lines the events count, as flat runs (line_ledger): a batch read again adds nothing"))
     root_arrived: bool = Field(default=False, description="a strong root arrived since the last provisional check")
     dirty: bool = Field(default=False, description="evidence changed since the last final or revision")
     provisional: list[Published] = Field(default_factory=list)
@@ -190,23 +193,35 @@ def _signature(ev: Event) -> str:
     return ev.signature or f"{ev.kind}|{ev.host}|{ev.ref.path}:{ev.ref.line}"
 
 
-def merge_events(events: dict[str, Event], versions: dict[str, int], batch: list[Event]) -> None:
+def merge_events(events: dict[str, Event], versions: dict[str, int], batch: list[Event],
+                 ledger: dict[str, list[int]] | None = None, files: list[str] = (),
+                 lines: list[list[int]] = ()) -> None:
     """Fold a batch's events into ``events`` (by signature): the engine's order-free merge; for a
     metrics crossing the extractor replaced, the version over the most samples (``versions``:
-    signature -> that number). Any order of the batches gives the same result."""
-    for ev in batch:
+    signature -> that number). Any order of the batches gives the same result. With ``ledger``
+    (:mod:`.line_ledger`) an event whose lines the batch names counts only the lines not counted
+    yet, so any re-delivery gives the same result too."""
+    for i, ev in enumerate(batch):
         sig = _signature(ev)
         replaced = replacement_of(ev)
         if replaced is not None:
             _keep_latest(events, versions, sig, *replaced)
-        elif sig in versions:
+            continue
+        if sig in versions:
             continue                        # a crossing's first version: a replacement of it came already
-        elif (have := events.get(sig)) is None:
-            events[sig] = ev
-        else:
-            merged = Ev.from_schema(have)
-            merged.merge(Ev.from_schema(ev))
-            events[sig] = merged.to_schema()
+        runs = lines[i] if ledger is not None and i < len(lines) else None
+        new = claim_runs(ledger, files, runs) if runs else ev.count
+        have = events.get(sig)
+        if have is None:
+            if new:                         # else its lines count under another signature already
+                events[sig] = ev if new == ev.count else ev.model_copy(update={"count": new})
+            continue
+        # Lines counted already still merge (stamps, ranks, the representative: idempotent), so a
+        # re-read that lacks context a first read had (an inherited stamp) changes nothing either way.
+        merged = Ev.from_schema(have)
+        merged.merge(Ev.from_schema(ev))
+        merged.count = have.count + new
+        events[sig] = merged.to_schema()
 
 
 def _keep_latest(events: dict[str, Event], versions: dict[str, int], sig: str, version: int,
@@ -250,7 +265,8 @@ def merge_batch(state: WorkloadState, batch: EventBatch, catalog: Catalog, seq: 
         state.last_input = wall_now
     if not state.ended and not state.root_arrived and strong_root_signatures(_unmarked(batch.events), catalog):
         state.root_arrived = True
-    merge_events(state.events, state.crossing_versions, batch.events)
+    merge_events(state.events, state.crossing_versions, batch.events, state.lines_counted, batch.line_files,
+                 batch.lines)
     if batch.paths:
         state.paths = sorted(set(state.paths) | set(batch.paths))
     if batch.metric_hosts:
@@ -421,6 +437,7 @@ def close(state: WorkloadState, wall_now: datetime) -> None:
     state.closed_at = wall_now
     state.events = {}
     state.crossing_versions = {}
+    state.lines_counted = {}
     state.paths = []
     state.metric_hosts = []
     state.dirty = state.root_arrived = False

@@ -99,9 +99,9 @@ def event(host=NULL, gpu=NULL, rank=NULL, stamp=NULL, last=NULL, onset=NULL, fie
             + fields + s(b"logs/a.log") + varint(3) + s(text) + varint(1) + ranks + s(b"sig"))
 
 
-def batch(*events: bytes, paths=NULL, hosts=NULL, wid=b"w-1") -> bytes:
+def batch(*events: bytes, paths=NULL, hosts=NULL, wid=b"w-1", files=NULL, lines=NULL) -> bytes:
     evs = (varint(len(events)) + b"".join(events) + NULL) if events else NULL
-    return s(wid) + varint(2) + evs + paths + hosts
+    return s(wid) + varint(2) + evs + paths + hosts + files + lines
 
 
 def opt(value: bytes) -> bytes:
@@ -139,6 +139,8 @@ def real_batches() -> list[EventBatch]:
         EventBatch(workload_id="wł-2", attempt=2 ** 63 - 1, events=_events(rng, 12), paths=["a", "ü/b", ""],
                    metric_hosts=["node-01", "node-02"]),
         EventBatch(workload_id="big", attempt=3, events=_events(rng, 400), paths=[f"logs/{i}" for i in range(50)]),
+        EventBatch(workload_id="lines", events=_events(rng, 3), line_files=["n1\x1flogs/a.log", "ü"],
+                   lines=[[0, 1, 1, 1, 7, 2 ** 62], [], [1, 3, 3]]),
     ]
 
 
@@ -276,7 +278,8 @@ def test_lengths_and_counts():
         batch(event(fields=varint(2 ** 62) + s(b"k") + NULL)),
         batch(event(fields=varint(-1) + varint(3) + s(b"k") + NULL + NULL)),
     ]
-    got = [same(c) for c in cases]
+    tail = NULL + NULL                   # line_files and lines, empty (what follows a body is ignored)
+    got = [same(c + tail) for c in cases]
     assert [g is None for g in got] == [True] * 5 + [False] * 6 + [True, True, False]
     assert got[5]["paths"] == ["a", "b"] and got[8]["paths"] == ["x"] and len(got[9]["events"]) == 2
 
@@ -294,13 +297,13 @@ def test_overlong_varints_wrap_as_fastavro_reads_them():
     """fastavro's read_long has no length limit: group k lands at bit 7k modulo 64."""
     for gs in ([2] + [0] * 9, [2] + [0] * 10, [0] * 9 + [1], [0] * 9 + [2], [0] * 9 + [0x7F], [0] * 10 + [1],
                [0] * 11 + [1], [0] * 19 + [1], [0x7F] * 30 + [3], [1] + [0x80 - 1] * 100 + [0]):
-        got = same(s(b"w") + groups(gs) + NULL + NULL + NULL)
+        got = same(s(b"w") + groups(gs) + NULL * 5)
         assert got is not None
         same(s(b"w") + groups(gs)[:-1])          # cut short: refused
     rng = random.Random(5)
     for _ in range(2000):
         gs = [rng.randrange(128) for _ in range(rng.randint(1, 25))]
-        same(s(b"w") + groups(gs) + NULL + NULL + NULL)
+        same(s(b"w") + groups(gs) + NULL * 5)
         same(batch(event(stamp=opt(groups(gs)), rank=opt(groups(gs)))))
 
 
@@ -352,12 +355,16 @@ ranks_arr = st.one_of(st.just(NULL), st.tuples(count, st.lists(raw_long, max_siz
 gpu = st.one_of(st.just(NULL), st.tuples(branch, optional, optional).map(b"".join))
 events = st.builds(event, optional, gpu, optional, optional, optional, optional, fields_map, ranks_arr,
                    text, text)
+lines_arr = st.one_of(st.just(NULL), st.tuples(count, st.lists(ranks_arr, max_size=3).map(b"".join),
+                                               st.sampled_from([NULL, b""])).map(b"".join))
+strings_arr = st.one_of(st.just(NULL), st.lists(string, max_size=3).map(lambda xs: varint(len(xs)) + b"".join(xs)
+                                                                      + (NULL if xs else b"")))
 bodies = st.one_of(
-    st.builds(lambda evs, paths, hosts, wid: batch(*evs, paths=paths, hosts=hosts, wid=wid),
-              st.lists(events, max_size=3), st.one_of(st.just(NULL), ranks_arr),
-              st.one_of(st.just(NULL), st.lists(string, max_size=3).map(lambda xs: varint(len(xs)) + b"".join(xs)
-                                                                          + (NULL if xs else b""))), text),
-    st.builds(lambda b: encode(b)[10:], st.sampled_from(real_batches()[:3])),
+    st.builds(lambda evs, paths, hosts, wid, files, lines: batch(*evs, paths=paths, hosts=hosts, wid=wid,
+                                                                 files=files, lines=lines),
+              st.lists(events, max_size=3), st.one_of(st.just(NULL), ranks_arr), strings_arr, text,
+              strings_arr, lines_arr),
+    st.builds(lambda b: encode(b)[10:], st.sampled_from(real_batches())),
 )
 
 

@@ -98,6 +98,40 @@ def test_an_event_batch_an_older_extractor_wrote_still_decodes():
     assert decode(now).metric_hosts == []
 
 
+def test_an_event_batch_written_before_batches_named_their_lines_still_decodes():
+    """EventBatch gained line_files and lines (issue 26: a batch read twice adds nothing); one an
+    older extractor wrote (avro/compat/EventBatch.2.avsc) reads with both empty: counted as delivered."""
+    import io
+
+    import fastavro
+    from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+    from firstfault.schemas import EventBatch
+
+    old = parse_schema(json.loads((AVRO_DIR / "compat" / "EventBatch.2.avsc").read_text()), _write_hint=False)
+    fp = int(fingerprint(to_parsing_canonical_form(old), "CRC-64-AVRO"), 16).to_bytes(8, "little")
+    now = EventBatch(workload_id="w", attempt=1, events=[], paths=["a.log"], metric_hosts=["n1"])
+    assert fp != encode(now)[2:10]
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old, {"workload_id": "w", "attempt": 1, "events": [], "paths": ["a.log"],
+                                           "metric_hosts": ["n1"]})
+    got = decode(b"\xc3\x01" + fp + body.getvalue())
+    assert got == now and got.lines == [] and got.line_files == []
+
+
+def test_a_batch_whose_lines_do_not_fit_its_events_is_refused():
+    from pydantic import ValidationError
+
+    from firstfault.schemas import Event, EventBatch, Ref
+
+    ev = Event(kind="x", pattern="p", source="app", ref=Ref(path="a", line=1))
+    assert EventBatch(workload_id="w", events=[ev], line_files=["a"], lines=[[0, 1, 3]]).lines == [[0, 1, 3]]
+    for events, lines in (([], [[0, 1, 1]]), ([ev, ev], [[0, 1, 1]]), ([ev], [[0, 2, 1]]), ([ev], [[1, 1, 1]]),
+                          ([ev], [[0, 1]]), ([ev], [[0, 0, 1]])):
+        with pytest.raises(ValidationError):
+            EventBatch(workload_id="w", events=events, line_files=["a"], lines=lines)
+
+
 def test_a_diagnosis_written_before_candidates_had_an_onset_still_decodes():
     """Candidate gained ``onset`` (issue 13: candidates on the page's timeline); a diagnosis
     published with the schema before it (avro/compat/Diagnosis.2.avsc) reads with onset null."""
