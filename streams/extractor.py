@@ -68,6 +68,7 @@ class Held:
     ts_ms: int
     since: float
     above: list[str] | None = None      # the lines above it when it arrived, for stamp inheritance
+    at: tuple[int, int] | None = None   # (raw partition, offset): the commit stays below it while it waits
 
 
 @dataclass
@@ -804,6 +805,7 @@ class ExtractorWorker:
         origin = Origin(records, kept)
         if records:
             self.publish(self._handle(records, origin, texts), origin)
+            self._place_held(origin)
         if self.core.held or self.core._unrouted_paths or self.core.metric_pending:
             self._retry_held()
         if msgs:
@@ -864,13 +866,41 @@ class ExtractorWorker:
         self.publish(batches)
         self.keep_for_node_history(expired)
 
+    def _place_held(self, origin: Origin) -> None:
+        """Note where this batch's newly held lines (and metrics samples) sit in the raw topic: they
+        are appended last, so the walk stops at the first one placed already."""
+        for queue in (self.core.held, self.core.metric_pending):
+            for h in reversed(queue):
+                if h.at is not None:
+                    break
+                m = origin.get(id(h.rec))
+                if m is None:
+                    break
+                h.at = (m.partition(), m.offset())
+
+    def held_floor(self) -> dict[int, int]:
+        """Per raw partition, the offset of the oldest line still held in memory (waiting for its
+        workload's start): the commit stays at it, so a member that leaves or dies loses nothing (its
+        successor reads those lines again; the correlator counts each line once)."""
+        floor: dict[int, int] = {}
+        for queue in (self.core.held, self.core.metric_pending):
+            for h in queue:
+                if h.at is not None and h.at[1] < floor.get(h.at[0], h.at[1] + 1):
+                    floor[h.at[0]] = h.at[1]
+        return floor
+
     def _commit(self, good) -> None:
-        """Commit what was consumed; ``good``: this batch's messages without an error, in order."""
-        self.consumer.commit(asynchronous=False)
+        """Commit what was consumed, but never past a line still held; ``good``: this batch's messages
+        without an error, in order."""
         last = {}                        # one consume() call: each partition's offsets ascend
         for m in good:
             last[m.partition()] = m      # the worker reads only the raw topic
-        self.progress.committed({p: m.offset() + 1 for p, m in last.items()})
+        nxt = {p: m.offset() + 1 for p, m in last.items()}
+        floor = self.held_floor()
+        topic = self.cfg.topic("raw")
+        self.consumer.commit(offsets=[TopicPartition(topic, p, min(o, floor.get(p, o))) for p, o in nxt.items()],
+                             asynchronous=False)
+        self.progress.committed(nxt)
 
     def _refused_for_good(self) -> None:
         """Output the broker refused for good (too large...): dead-lettered, the batch is not read again."""

@@ -153,3 +153,50 @@ def test_a_batch_whose_output_was_not_delivered_is_read_again_not_committed(stre
     assert failed and seen[:2] == [3, 3], seen            # read twice: refused once, then delivered
     assert sum(tp.offset for tp in committed if tp.offset >= 0) == 3
     assert w.metrics.kafka_errors._value.get() == 1
+
+
+def test_a_member_that_leaves_with_lines_held_loses_none_of_them(stream_cfg):
+    """Lines wait for their workload's start (a new member's timeline is still catching up, or the
+    scheduler connector polls): the commit stays below them, so when the member leaves its
+    successor reads them again and, once the start is known, delivers their events."""
+    cfg = stream_cfg.model_copy(update={"hold_s": 3600})
+    kafka.ensure_topics(cfg)
+    prod = kafka.producer(cfg)
+    xid = ("Nov  2 10:03:11 node-05 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, "
+           "GPU has fallen off the bus.")
+    lines = [RawLine(host="node-05", path="logs/app/node-05.log", line=n, text=t, workload_id="held-1")
+             for n, t in enumerate(["noise before", xid, "noise after"], 1)]
+    for rec in lines:
+        prod.produce(cfg.topic("raw"), key=b"node-05", value=encode(rec))
+    prod.flush(10)
+    first = ExtractorWorker(cfg)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and first.core.counters.records < 3:
+            first.step(timeout=0.5)
+        assert len(first.core.held) == 1 and first.core.held[0].at is not None
+        part, off = first.core.held[0].at
+        committed = first.consumer.committed([TopicPartition(cfg.topic("raw"), part)], 10)
+    finally:
+        first.close()                                      # leaves, the held line in its memory
+    assert committed[0].offset == off                      # the commit waits at the held line
+    wl = WorkloadRecord.model_validate({"workload_id": "held-1", "state": "RUNNING", "nodes": ["node-05"],
+                                        "start_time": "2026-11-02T10:00:00Z"})
+    prod.produce(cfg.topic("scheduler"), key=b"held-1",
+                 value=encode(SchedulerEvent(type="start", workload=wl, ts=wl.start_time)))
+    prod.flush(10)
+    second = ExtractorWorker(cfg)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and second.core.counters.events < 1:
+            second.step(timeout=0.5)
+    finally:
+        second.close()
+
+    def mine(records):
+        return [b for b in map(decode_batch, (m.value() for m in records)) if b.workload_id == "held-1" and b.events]
+
+    got = mine(_drain(cfg, cfg.topic("events"), lambda records: bool(mine(records)), timeout=20))
+    (batch,) = got
+    assert [(e.kind, e.ref.line) for e in batch.events] == [("xid", 2)]
+    assert batch.lines == [[0, 2, 2]]
