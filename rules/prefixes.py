@@ -1,7 +1,7 @@
 """Strip the prefixes that collectors and launchers put in front of a message.
 
 ``read_head`` peels them off one by one (syslog or journal header, dmesg stamp,
-srun label, torchrun/PyTorch rank tags, glog header, NCCL ``host:pid:tid [dev]``,
+srun label, torchrun/PyTorch rank tags, glog header, NCCL ``host:pid:tid [dev]``, pdsh ``host: ``,
 Fabric Manager header, bracketed or bare date-times) and records what they say:
 stamp, host, rank, pid, CUDA device. What is left is the message the extraction
 patterns read. Pure function of the line and a :class:`StampContext`.
@@ -82,6 +82,11 @@ _PROC_TAG = re.compile(r"\((?P<who>[A-Za-z_][\w.:-]*)?(?: ?rank=(?P<rank>\d{1,7}
 # ({desc}: {percentage}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}], tqdm's default format).
 _TQDM = re.compile(r" *(?:[^|\n]{1,120}?: *)?\d{1,3}%\|[^|\n]{0,200}\| *[\d.]+[kMGT]?/(?:[\d.]+[kMGT]?|\?) \[[^\]\n]{0,200}\]")
 _GREP_FILE = re.compile(r"(?P<file>[\w.-]{1,200}\.(?:log|out|err|txt))(?::\d{1,9})?:")
+# pdsh (DeepSpeed's multi-node runner), mpirun wrappers and nccl-tests put the host first: "c05r2n11: ",
+# "worker-1: ", "slurmstepd-falkor7: error: " (pdsh's "%s: %s"). Only as the first thing on the line and
+# only a name with a digit in it (or localhost): "RuntimeError: " is a message, "rank3: " a rank.
+_PDSH = re.compile(r"(?:slurmstepd-)?(?P<host>(?!(?:rank|step|epoch|iter|iteration|layer)\d+:)"
+                   r"(?:[A-Za-z][A-Za-z0-9-]{0,62}\d[A-Za-z0-9-]{0,62}|localhost)(?:\.[A-Za-z0-9-]{1,63}){0,6}): (?=\S)")
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,7 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank")
 _DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "grep_file")
-_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "grep_file")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "grep_file", "pdsh")
 _ALPHA_CTIME = ("mpi_tag",) + _ALPHA
 _WEEKDAYS = frozenset(("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"))
 _REGEX = {
@@ -121,7 +126,7 @@ _REGEX = {
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
     "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK, "markdown": _MARKDOWN, "compose": _COMPOSE,
-    "grep_file": _GREP_FILE, "tqdm": _TQDM,
+    "grep_file": _GREP_FILE, "tqdm": _TQDM, "pdsh": _PDSH,
 }
 
 
@@ -169,7 +174,7 @@ def read_head(line: str, ctx: StampContext) -> Head:
         stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
         m = None
         for name in _shapes(stripped, bar):
-            if name == "grep_file" and round_:
+            if name in ("grep_file", "pdsh") and round_:
                 continue                       # only as the first thing on the line
             m = _REGEX[name].match(stripped)
             if m is not None and _apply(name, m, head, ctx):
@@ -237,6 +242,8 @@ def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     elif name == "grep_file":
         if head.stamp is not None or head.host is not None or head.rank is not None:
             return False
+    elif name == "pdsh":
+        head.host = m["host"]
     elif name == "compose":
         head.host = head.host or m["svc"]
     elif name == "mpi_tag":

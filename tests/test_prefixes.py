@@ -106,3 +106,28 @@ def test_dmesg_uptime_is_anchored_on_boot_time_or_order_only():
 def test_launcher_output_tags(line, message, rank, host, stamp):
     head = read_head(line, CTX)
     assert (head.message, head.rank, head.host, iso_z(head.stamp)) == (message, rank, host, stamp)
+
+
+@pytest.mark.parametrize("line, message, host", [
+    # pdsh's "%s: %s" (DeepSpeed's multi-node runner; salesforce/CodeGen2#3, a ROCm OOM)
+    ("c05r2n11: RuntimeErrorRuntimeError: : HIP out of memory. Tried to allocate 576.00 MiB (GPU 3; 15.98 GiB total capacity)",
+     "RuntimeErrorRuntimeError: : HIP out of memory. Tried to allocate 576.00 MiB (GPU 3; 15.98 GiB total capacity)", "c05r2n11"),
+    # nccl-tests run under mpirun with the host first (corpus ho3-ncclcfg-invalid-device-ordinal-2host-nccltests-263)
+    ("g0010: Test CUDA failure common.cu:941 'invalid device ordinal'", "Test CUDA failure common.cu:941 'invalid device ordinal'", "g0010"),
+    # a host prefix, then NCCL's own "host:pid:tid [dev]" (corpus ho3-unattr-cuda-init-error-worker1-k8s-nccl-1029)
+    ("rdma-test-gpu-worker-1: rdma-test-gpu-worker-1:2918:4483 [4] init.cc:263 NCCL WARN Cuda failure 'initialization error'",
+     "init.cc:263 NCCL WARN Cuda failure 'initialization error'", "rdma-test-gpu-worker-1"),
+    # slurmstepd names its node after a dash
+    ("slurmstepd-falkor7: error: Detected 1 oom_kill event in StepId=4.0.", "error: Detected 1 oom_kill event in StepId=4.0.", "falkor7"),
+    ("localhost: jiaming@localhost: Permission denied (publickey,password).",
+     "jiaming@localhost: Permission denied (publickey,password).", "localhost"),
+    # not a host: an exception name, a rank or a step, a word without a digit, a later "name: " in the message
+    ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 MiB", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 MiB", None),
+    ("rank3: CUDA error: an illegal memory access was encountered", "rank3: CUDA error: an illegal memory access was encountered", None),
+    ("step10: loss 2.1", "step10: loss 2.1", None),
+    ("worker: lost connection", "worker: lost connection", None),
+    ("[rank0]: node12: foo", "node12: foo", None),
+])
+def test_a_host_put_first_by_pdsh_or_a_launcher(line, message, host):
+    head = read_head(line, CTX)
+    assert (head.message, head.host) == (message, host)
