@@ -52,9 +52,11 @@ from firstfault.rules.errors import RecordError
 from firstfault.schemas import DeadLetter
 from firstfault.schemas.avro import EncodeError, encode
 
+from .changelog_tail import read_tail
 from .codecs import decode_batch, decode_scheduler
 from .config import StreamConfig
 from .health import Health, LagSeries, RulesMetrics, port_from_env
+from .partition_watch import StuckPartitions, unfetched
 from .progress import ProgressView
 from .rules_feed import RulesFollower
 from .workload_state import (
@@ -76,6 +78,7 @@ HEALTH_EVERY_S = 2.0          # the health timer: heartbeat, readiness; lag ever
 LAG_EVERY_S = 5.0
 STALE_AFTER_S = 60.0          # /healthz: the event loop did not run the health timer for this long
 STARTUP_S = 900.0             # Faust starts timers only once the table is recovered: allow for that
+UNFETCHED_S = 10.0            # an assigned input partition left paused this long past a rebalance is resumed
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int) -> Any:
@@ -127,6 +130,7 @@ class Correlator:
         # str keys and values: JSON-serialized on the changelog, str again after recovery.
         self.table = app.Table(TABLE, key_type=str, value_type=str, partitions=cfg.partitions,
                                help="correlator state per workload attempt (JSON)")
+        self.table.on_recover(self.verify_recovery)
         self.events_topic = _raw_topic(app, cfg.topic("events"), cfg.partitions)
         self.scheduler_topic = _raw_topic(app, cfg.topic("scheduler"), cfg.partitions)
         self.out = _raw_topic(app, cfg.topic("diagnoses"), cfg.partitions)
@@ -149,6 +153,7 @@ class Correlator:
         self._progress_reader: Any = None
         self._awaiting: set[str] = set()         # keys whose final waits for the extractors
         self._failing: dict[str, Any] = {}       # key -> the raw state decide raised on (not retried as is)
+        self._stuck = StuckPartitions(UNFETCHED_S)   # assigned input partitions not fetched, and since when
         self.rules = RulesFollower(cfg, "correlator", catalog, RulesMetrics(self.metrics.registry))
 
     # ------------------------------------------------------------ clocks and table
@@ -259,9 +264,46 @@ class Correlator:
                 self._parsed[st.key] = (before, st)
             return
         self.table.data[st.key] = raw
+        self._owned_by(st.key, st.partition)
         self.table.send_changelog(st.partition, st.key, raw)
         self._wakes[st.key] = (raw, next_wake(st, self.cfg), st.partition)
         self._parsed[st.key] = (raw, st)
+
+    def _owned_by(self, key: str, partition: int | None) -> None:
+        """Tell the memory store which partition a key we wrote lives on (it learns that only from
+        recovery): when the partition goes to another worker, the store drops the key."""
+        known = getattr(self.table.data, "_key_partition", None)
+        if isinstance(known, dict) and partition is not None:
+            known[key] = partition
+
+    async def verify_recovery(self) -> None:
+        """After Faust recovered the table, before input resumes: the states the changelog holds past
+        the end Faust was told about (:mod:`.changelog_tail`) replace what recovery left."""
+        active = sorted(self._active_partitions())
+        if not active or not self.cfg.bootstrap:
+            return
+        topic = self.table.changelog_topic.get_topic_name()
+        try:
+            tails = await asyncio.to_thread(read_tail, self.cfg, topic, active)
+        except Exception as exc:                 # the broker, not the data: recovery stands as it was
+            log.warning("the end of %s was not verified after recovery: %s", topic, exc)
+            return
+        fixed = 0
+        for partition, values in tails.items():
+            for key, value in values.items():
+                have = self.table.data.get(key)
+                if value is None:
+                    if have is not None:
+                        self.table.data.pop(key, None)
+                        fixed += 1
+                elif have != value:
+                    self.table.data[key] = value
+                    self._owned_by(key, partition)
+                    fixed += 1
+        self.counts["recovery_fixed"] += fixed
+        if fixed:
+            log.warning("recovery stopped short of %s's end: %d state(s) restored from the records past it",
+                        topic, fixed)
 
     def _delete(self, st: WorkloadState) -> None:
         self.table.data.pop(st.key, None)
@@ -509,16 +551,39 @@ class Correlator:
 
     # ------------------------------------------------------------ health
 
+    def _resume_stuck(self, loop_now: float) -> list[str]:
+        """Resume assigned input partitions left unfetched for UNFETCHED_S (:mod:`.partition_watch`);
+        the ones not fetched now, named."""
+        consumer = self.app.consumer
+        inputs = {self.events_topic.get_topic_name(), self.scheduler_topic.get_topic_name()}
+        try:
+            assigned = {tp for tp in consumer.assignment() if tp.topic in inputs}
+        except Exception:                        # consumer not started, or stopping
+            return []
+        stuck = unfetched(assigned, getattr(consumer, "_paused_partitions", None) or (),
+                          getattr(consumer, "_active_partitions", None),
+                          getattr(consumer, "_buffered_partitions", None) or ())
+        due = self._stuck.update(stuck, loop_now)
+        if due:
+            log.warning("input partition(s) %s assigned but not fetched for %g s: resuming them",
+                        ", ".join(f"{tp.topic}[{tp.partition}]" for tp in due), UNFETCHED_S)
+            consumer.resume_partitions(due)
+            self.counts["partitions_resumed"] += len(due)
+        return [f"{tp.topic}[{tp.partition}]" for tp in sorted(stuck)]
+
     async def health_tick(self) -> None:
-        """The health timer: the event loop is alive; ready unless rebalancing or recovering; lag."""
+        """The health timer: the event loop is alive; ready unless rebalancing, recovering or an
+        assigned input partition is not read; lag."""
         self.health.beat()
+        loop_now = asyncio.get_running_loop().time()
         if getattr(self.app, "rebalancing", False):
             self.health.not_ready("rebalancing")
         elif getattr(self.app, "in_recovery", False):
             self.health.not_ready("recovering the table from its changelog")
+        elif unread := self._resume_stuck(loop_now):
+            self.health.not_ready(f"assigned input partition(s) not read: {', '.join(unread)}")
         else:
             self.health.ready()                  # timers run only once the app has started
-        loop_now = asyncio.get_running_loop().time()
         if self.health.is_ready and loop_now >= self._lag_due:
             self._lag_due = loop_now + LAG_EVERY_S
             await self.refresh_lag()
