@@ -17,12 +17,32 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 from firstfault.rules.bundle import open_bundle
+from firstfault.rules.errors import FirstfaultError
 from firstfault.rules.extract import Extractor, HostResolver, source_of
 from firstfault.rules.prefixes import read_head
 from firstfault.schemas import RawLine, SchedulerEvent, WorkloadRecord
 from firstfault.schemas.avro import encode
 from firstfault.streams import kafka
 from firstfault.streams.config import StreamConfig
+
+
+class ShipError(FirstfaultError):
+    """Records the broker did not confirm: it is gone, or did not answer in time."""
+
+
+def confirm(prod, timeout: float, cfg: StreamConfig, gone: Callable[[], str | None] | None = None) -> None:
+    """Wait for the broker to confirm every record sent; in one-second steps, so a broker known to be
+    gone (``gone`` says why) fails the shipment at once instead of at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = prod.flush(max(0.0, min(1.0, deadline - time.monotonic())))
+        if not left:
+            return
+        why = gone() if gone is not None else None
+        if why:
+            raise ShipError(f"{left} record(s) not delivered: {why}")
+        if time.monotonic() >= deadline:
+            raise ShipError(f"{left} record(s) not confirmed by the broker at {cfg.bootstrap} within {timeout:.0f} s")
 
 
 @dataclass
@@ -95,9 +115,10 @@ def bundle_records(path: str | Path, only: Callable[[str], bool] | None = None
 
 def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bool = True,
          progress: Callable[[int, int], None] | None = None, start: bool = True,
-         only: Callable[[str], bool] | None = None) -> ShipStats:
+         only: Callable[[str], bool] | None = None, gone: Callable[[], str | None] | None = None) -> ShipStats:
     """Publish the bundle; ``only`` selects files by path, ``start``/``end`` the scheduler events
-    (a late file is shipped on its own with both off)."""
+    (a late file is shipped on its own with both off); ``gone``: why the broker is known to be gone
+    (None while it is not), checked while waiting for confirmations (:func:`confirm`)."""
     from firstfault.connectors.sinks.offset_index import OffsetIndex
 
     wl, records = bundle_records(path, only)
@@ -113,7 +134,7 @@ def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bo
     if start:
         prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("start", wl),
                      on_delivery=delivered)
-        prod.flush(30)
+        confirm(prod, 30, cfg, gone)
     for i, (key, rec) in enumerate(records, 1):
         value = encode(rec)
         while True:
@@ -122,6 +143,8 @@ def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bo
                 break
             except BufferError:
                 prod.poll(0.05)
+                if gone is not None and (why := gone()):
+                    raise ShipError(f"{len(prod)} record(s) not delivered: {why}") from None
         stats.lines += 1
         stats.bytes += len(value)
         if rate:
@@ -132,11 +155,11 @@ def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bo
             prod.poll(0)
             if progress:
                 progress(i, len(records))
-    prod.flush(60)
+    confirm(prod, 60, cfg, gone)
     if end:
         prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=scheduler_message("end", wl),
                      on_delivery=delivered)
-        prod.flush(30)
+        confirm(prod, 30, cfg, gone)
     index.close()
     if progress:
         progress(len(records), len(records))
@@ -144,7 +167,7 @@ def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bo
     return stats
 
 
-def ship_many(paths: list[str | Path], cfg: StreamConfig) -> ShipStats:
+def ship_many(paths: list[str | Path], cfg: StreamConfig, gone: Callable[[], str | None] | None = None) -> ShipStats:
     """Publish many bundles with one producer: every start, then every bundle's lines, then every end.
 
     Each flush waits for the broker, so one per phase instead of three per bundle (a test or a
@@ -168,12 +191,11 @@ def ship_many(paths: list[str | Path], cfg: StreamConfig) -> ShipStats:
                 return
             except BufferError:
                 prod.poll(0.05)
+                if gone is not None and (why := gone()):
+                    raise ShipError(f"{len(prod)} record(s) not delivered: {why}") from None
 
     def flush(timeout: float) -> None:
-        left = prod.flush(timeout)
-        if left:
-            raise RuntimeError(f"{left} record(s) not confirmed by the broker at {cfg.bootstrap} "
-                               f"within {timeout:.0f} s")
+        confirm(prod, timeout, cfg, gone)
 
     stats = ShipStats(files=sum(len({r.path for _, r in records}) for _, records in bundles))
     t0 = time.monotonic()

@@ -124,7 +124,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
     kafka.ensure_topics(cfg)
     bar = Bar("shipping", min_total=100_000)
     try:
-        stats = ship(args.path, cfg, rate=args.rate, end=not args.no_end, progress=bar)
+        stats = ship(args.path, cfg, rate=args.rate, end=not args.no_end, progress=bar, gone=_up_gone(args))
     finally:
         bar.close()
     summary = {"lines": stats.lines, "files": stats.files, "bytes": stats.bytes, "seconds": round(stats.seconds, 3),
@@ -136,6 +136,23 @@ def cmd_ship(args: argparse.Namespace) -> int:
         print(f"shipped {stats.lines:,} lines from {stats.files} files to {cfg.topic('raw')} "
               f"in {stats.seconds:.2f} s, with the scheduler start and end on {cfg.topic('scheduler')}")
     return 0
+
+
+def _up_gone(args: argparse.Namespace):
+    """For a broker found through `up`'s run file: a check that says why it is gone once that `up` stopped."""
+    run = getattr(args, "up_run", None)
+    if run is None:
+        return None
+    from firstfault.streams import runfile
+
+    path, pid = run
+
+    def gone() -> str | None:
+        info = runfile.lookup(path).info
+        if info is not None and info.pid == pid:
+            return None
+        return f"`firstfault up` (pid {pid}) stopped: its embedded broker, and everything on it, are gone"
+    return gone
 
 
 # Commands that talk to the broker: a flag or variable names it, else a running `firstfault up`'s run file.
@@ -153,6 +170,7 @@ def _connect(args: argparse.Namespace) -> None:
             return                       # it describes the pipeline `up` would start: no broker needed
         raise
     args.bootstrap, args.prefix = where.bootstrap, where.prefix
+    args.up_run = (where.path, where.run.pid) if where.run is not None else None
     if hasattr(args, "redis_url"):
         args.redis_url = where.redis_url
     if where.run is None:

@@ -421,6 +421,70 @@ def _probe(port: int) -> str | None:
         return "starting"
 
 
+def _scrape(port: int, names: tuple[str, ...]) -> dict[str, float]:
+    """Sums of some series on 127.0.0.1:port/metrics (Prometheus text); {} when it does not answer."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5) as resp:
+            text = resp.read().decode(errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return out
+
+
+class InFlight:
+    """What the pipeline holds that only the broker keeps: open attempts and unprocessed records,
+    scraped from the workers' /metrics now and then, so a broker's death can say what it took."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+        self.open = 0
+        self.lag = 0
+        self.at: float | None = None
+        self._due = 0.0
+
+    def look(self, now: float) -> None:
+        if now < self._due:
+            return
+        self._due = now + self.EVERY_S
+        from firstfault.connectors import metrics_names as M
+
+        open_, lag, seen = 0, 0, False
+        for w in self.workers:
+            if w.health_port:
+                got = _scrape(w.health_port, (M.WORKLOADS_OPEN, M.CONSUMER_LAG))
+                seen = seen or bool(got)
+                open_ += int(got.get(M.WORKLOADS_OPEN, 0))
+                lag += int(got.get(M.CONSUMER_LAG, 0))
+        if seen:
+            self.open, self.lag, self.at = open_, lag, now
+
+    def lost(self, now: float) -> str:
+        if self.at is None:
+            return "whatever it held"
+        return (f"{self.open} workload attempt(s) open in the correlator (no final diagnosis will come for them) "
+                f"and {self.lag} record(s) not yet processed, as of {now - self.at:.0f} s before")
+
+
+def _last_lines(path: Path, n: int = 3) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in lines[-n:])
+
+
 def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, run_file: Path | None = None,
            log_file: Path | None = None, rules_version: str = "") -> int:
     """The pipeline until a signal. ``run_file``: where an embedded broker is announced (None: nowhere);
@@ -475,16 +539,21 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
             sup.start()
             print(banner(cfg, broker, sup.workers, run_file if wrote_run_file else None, log_file), flush=True)
             ready = Readiness(cfg, sup.workers)
+        inflight = InFlight(sup.workers)
         t0 = next_probe = time.monotonic()
         warned = False
         while not sup.stopping:
             if broker is not None and broker.proc is not None and broker.proc.poll() is not None:
-                log.error("the embedded broker exited (code %s); its in-memory topics are gone: stopping "
-                          "(see %s)", broker.proc.returncode, Path(rundir) / "tansu.log")
+                last = _last_lines(Path(rundir) / "tansu.log")
+                log.error("the embedded broker exited (code %s), and it keeps nothing on disk: lost %s; stopping%s",
+                          broker.proc.returncode, inflight.lost(time.monotonic()),
+                          f" (its last words: {last})" if last else "")
                 rc = 1
                 break
             sup.check()
             now = time.monotonic()
+            if ready is None:
+                inflight.look(now)
             if ready is not None and now >= next_probe:
                 why = ready.waiting_for()
                 if why is None:
@@ -513,8 +582,7 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
             log.info("broker stopped")
         for s, h in old.items():
             signal.signal(s, h)
-    if rc == 0:
-        shutil.rmtree(rundir, ignore_errors=True)
+    shutil.rmtree(rundir, ignore_errors=True)     # what a dead broker left there was said above
     return rc
 
 

@@ -109,3 +109,38 @@ def test_up_is_found_with_nothing_set_and_says_ready_only_once_the_groups_are_jo
     assert re.search(r"up INFO stopped correlator", log_file.read_text())
     gone = cli(["diagnoses"], env, tmp_path)
     assert gone.returncode == 2 and gone.stderr.strip() == f"firstfault: {runfile.NO_BROKER}"
+
+
+def test_when_its_broker_dies_up_says_what_was_lost_cleans_up_and_a_shipment_fails_at_once(tmp_path):
+    env = base_env(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    tag = f"d{uuid.uuid4().hex[:8]}"
+    up_env = {**env, "TMPDIR": str(tmp_path / "tmp"), "FIRSTFAULT_TOPIC_PREFIX": f"{tag}.",
+              "FIRSTFAULT_APP_ID": f"{tag}-correlator", "FIRSTFAULT_EXTRACTOR_GROUP": f"{tag}-extractor"}
+    run_file = tmp_path / "run" / "up.json"
+    proc, text, err_lines = start_up(up_env, ROOT)
+    shipping = None
+    try:
+        assert text.splitlines()[-1:] and text.splitlines()[-1].startswith("ready"), text + "".join(err_lines)
+        assert list((tmp_path / "tmp").glob("firstfault-up-*"))             # its run directory, while it runs
+        broker_pid = int(re.search(r"embedded Tansu pid (\d+)", text).group(1))
+        # A shipment in flight, paced so it is still sending when the broker dies.
+        shipping = subprocess.Popen([sys.executable, "-m", "firstfault", "ship", "--rate", "100",
+                                     str(ROOT / "samples" / "cuda-oom-one-rank")], env=env, cwd=tmp_path,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(6.0)                       # past InFlight's first look at the workers' metrics
+        os.kill(broker_pid, signal.SIGKILL)
+        assert proc.wait(60) == 1
+        _, ship_err = shipping.communicate(timeout=60)
+    finally:
+        for p in (proc, shipping):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    said = [line for line in err_lines if "the embedded broker exited" in line]
+    assert len(said) == 1 and "keeps nothing on disk: lost" in said[0], "".join(err_lines)
+    assert "workload attempt(s) open in the correlator" in said[0] and "record(s) not yet processed" in said[0]
+    assert not run_file.exists() and not list((tmp_path / "tmp").glob("firstfault-up-*"))
+    assert shipping.returncode == 2
+    assert f"`firstfault up` (pid {proc.pid}) stopped" in ship_err and "not delivered" in ship_err, ship_err
+    assert len(ship_err.strip().splitlines()) == 1, ship_err
