@@ -257,17 +257,25 @@ class Correlator:
         raw = raw.decode() if isinstance(raw, bytes) else raw
         return WorkloadState.model_validate_json(raw), raw
 
+    def _keep_parsed(self, st: WorkloadState, raw: str) -> None:
+        """Keep the parsed state only while it is busy (no final yet, or an outbox to send): a finalized
+        one waits out the lateness horizon as its JSON alone, parsed again if late lines come."""
+        if st.published is None or st.pending:
+            self._parsed[st.key] = (raw, st)
+        else:
+            self._parsed.pop(st.key, None)
+
     def _save(self, st: WorkloadState, before: str | None = None) -> None:
         raw = st.model_dump_json()
         if raw == before:                        # e.g. a redelivered record: nothing to log
             if before is not None and self.table.data.get(st.key) is before:
-                self._parsed[st.key] = (before, st)
+                self._keep_parsed(st, before)
             return
         self.table.data[st.key] = raw
         self._owned_by(st.key, st.partition)
         self.table.send_changelog(st.partition, st.key, raw)
         self._wakes[st.key] = (raw, next_wake(st, self.cfg), st.partition)
-        self._parsed[st.key] = (raw, st)
+        self._keep_parsed(st, raw)
 
     def _owned_by(self, key: str, partition: int | None) -> None:
         """Tell the memory store which partition a key we wrote lives on (it learns that only from
