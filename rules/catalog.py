@@ -18,6 +18,7 @@ import yaml
 
 from .decoders import DECODERS, ROLES, Tag, load_builtin_decoders
 from .errors import CatalogError
+from . import yaml_cache
 from .redos import BUDGET_S, find_redos
 from .regex import LinearRegex, LineMatch, RegexError
 
@@ -438,9 +439,13 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
     )
 
 
+def _parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
 def _read_yaml(path: Path, rel: str, errs: _Errors) -> Any:
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
+        return yaml_cache.load(path.read_bytes(), _parse_yaml) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         errs.add(rel, None, f"not valid YAML: {str(exc).splitlines()[0]}")
         return {}

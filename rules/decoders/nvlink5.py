@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from .. import yaml_cache
+
 DATA_DIR = Path(__file__).parent.parent / "catalog" / "data"
 NVLINK5_XIDS = range(144, 151)
 
@@ -184,7 +186,8 @@ def _field(raw: dict[str, Any]) -> tuple[int, int]:
 @cache
 def load_table(path: str | None = None) -> _Table:
     """Read ``nvlink5.yaml`` once (per path)."""
-    doc = yaml.load(Path(path or DATA_DIR / "nvlink5.yaml").read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    doc = yaml_cache.load(Path(path or DATA_DIR / "nvlink5.yaml").read_bytes(),
+                          lambda text: yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     lay = doc["layout"]
     units = []
     reason_names: dict[int, str] = {int(k): str(v) for k, v in (doc.get("reason_names_without_row") or {}).items()}

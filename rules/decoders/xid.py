@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from .. import yaml_cache
+
 from . import Tag, decoder
 from .nvlink5 import NVLINK5_XIDS, decode_nvlink5
 
@@ -59,7 +61,8 @@ class _XidTable:
 @cache
 def load_xid_table(path: str | None = None) -> _XidTable:
     """Read ``xid.yaml`` once (per path)."""
-    doc = yaml.load(Path(path or DATA_DIR / "xid.yaml").read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    doc = yaml_cache.load(Path(path or DATA_DIR / "xid.yaml").read_bytes(),
+                          lambda text: yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     regs = doc.get("xid74_registers") or {}
     words: dict[int, dict[int, str]] = {}
     for word, classes in (regs.get("words") or {}).items():
