@@ -28,14 +28,14 @@ IDLE_S = 0.5                   # at every partition's end, and nothing more for 
 
 
 def read_tail(cfg: StreamConfig, topic: str, partitions: list[int], timeout_s: float = 60.0,
-              client: Any = None) -> dict[int, dict[str, str | None]]:
+              client: Any = None) -> dict[int, dict[str, bytes | None]]:
     """partition -> {key: its last value (None: deleted)} over the last records of each partition,
-    up to the end a fetch reports. Keys and values are the table's JSON-encoded strings."""
+    up to the end a fetch reports. Keys are the table's JSON-encoded strings; values as stored."""
     if not partitions:
         return {}
     c = client or kafka.consumer(cfg, group=f"{cfg.app_id}-tail-{time.monotonic_ns()}",
                                  **{"enable.partition.eof": True})
-    out: dict[int, dict[str, str | None]] = {p: {} for p in partitions}
+    out: dict[int, dict[str, bytes | None]] = {p: {} for p in partitions}
     try:
         starts = []
         for p in partitions:
@@ -62,11 +62,10 @@ def read_tail(cfg: StreamConfig, topic: str, partitions: list[int], timeout_s: f
                     continue
                 try:
                     k = json.loads(key)
-                    v = None if m.value() is None else json.loads(m.value())
                 except ValueError:
                     continue                     # not a record this table wrote
-                if isinstance(k, str) and (v is None or isinstance(v, str)):
-                    out[m.partition()][k] = v
+                if isinstance(k, str):
+                    out[m.partition()][k] = m.value()
         raise TimeoutError(f"the end of {topic} was not reached within {timeout_s:g} s")
     finally:
         if client is None:

@@ -52,6 +52,7 @@ from firstfault.rules.errors import RecordError
 from firstfault.schemas import DeadLetter
 from firstfault.schemas.avro import EncodeError, encode
 
+from . import state_codec
 from .changelog_tail import read_tail
 from .codecs import decode_batch, decode_scheduler
 from .config import StreamConfig
@@ -128,8 +129,9 @@ class Correlator:
         self.app, self.cfg, self.catalog, self.store = app, cfg, catalog, store
         self.metrics = Metrics()
         # str keys and values: JSON-serialized on the changelog, str again after recovery.
-        self.table = app.Table(TABLE, key_type=str, value_type=str, partitions=cfg.partitions,
-                               help="correlator state per workload attempt (JSON)")
+        # bytes values: each state's JSON compressed (state_codec), in the store and the changelog.
+        self.table = app.Table(TABLE, key_type=str, value_type=bytes, partitions=cfg.partitions,
+                               help="correlator state per workload attempt (compressed JSON)")
         self.table.on_recover(self.verify_recovery)
         self.events_topic = _raw_topic(app, cfg.topic("events"), cfg.partitions)
         self.scheduler_topic = _raw_topic(app, cfg.topic("scheduler"), cfg.partitions)
@@ -244,7 +246,7 @@ class Correlator:
         if message.timestamp and message.timestamp > 0:
             self.stream_ms = max(self.stream_ms, int(message.timestamp * 1000))
 
-    def _load(self, key: str) -> tuple[WorkloadState | None, str | None]:
+    def _load(self, key: str) -> tuple[WorkloadState | None, bytes | None]:
         raw = self.table.data.get(key)
         if raw is None:
             return None, None
@@ -254,19 +256,18 @@ class Correlator:
         cached = self._parsed.pop(key, None)
         if cached is not None and cached[0] is raw:
             return cached[1], raw
-        raw = raw.decode() if isinstance(raw, bytes) else raw
-        return WorkloadState.model_validate_json(raw), raw
+        return WorkloadState.model_validate_json(state_codec.decode(raw)), raw
 
-    def _keep_parsed(self, st: WorkloadState, raw: str) -> None:
+    def _keep_parsed(self, st: WorkloadState, raw: bytes) -> None:
         """Keep the parsed state only while it is busy (no final yet, or an outbox to send): a finalized
-        one waits out the lateness horizon as its JSON alone, parsed again if late lines come."""
+        one waits out the lateness horizon as its stored value alone, parsed again if late lines come."""
         if st.published is None or st.pending:
             self._parsed[st.key] = (raw, st)
         else:
             self._parsed.pop(st.key, None)
 
-    def _save(self, st: WorkloadState, before: str | None = None) -> None:
-        raw = st.model_dump_json()
+    def _save(self, st: WorkloadState, before: bytes | None = None) -> None:
+        raw = state_codec.encode(st.model_dump_json())
         if raw == before:                        # e.g. a redelivered record: nothing to log
             if before is not None and self.table.data.get(st.key) is before:
                 self._keep_parsed(st, before)
@@ -439,7 +440,7 @@ class Correlator:
 
     # ------------------------------------------------------------ decisions and publishing
 
-    async def _step(self, st: WorkloadState, before: str | None, publish: bool = True) -> None:
+    async def _step(self, st: WorkloadState, before: bytes | None, publish: bool = True) -> None:
         """Decide, then publish through the outbox (``publish=False``: the caller will). Caller holds the lock."""
         published = await asyncio.to_thread(decide, st, self.catalog, self.now(), self.cfg)
         if st.published is not None:
@@ -507,7 +508,7 @@ class Correlator:
         cached = self._wakes.get(key)
         if cached is not None and cached[0] is raw:
             return cached[1], cached[2]
-        st = WorkloadState.model_validate_json(raw.decode() if isinstance(raw, bytes) else raw)
+        st = WorkloadState.model_validate_json(state_codec.decode(raw))
         wake = next_wake(st, self.cfg)
         self._wakes[key] = (raw, wake, st.partition)
         return wake, st.partition

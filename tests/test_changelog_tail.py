@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from firstfault.streams import kafka
+from firstfault.streams import kafka, state_codec
 from firstfault.streams.changelog_tail import TAIL_RECORDS, read_tail
 from firstfault.streams.config import StreamConfig
 
@@ -21,12 +21,12 @@ def test_the_last_value_of_every_key_near_the_end_and_deletions(kafka_bootstrap)
     topic = cfg.topic("workloads-changelog")
     kafka.ensure_topics(cfg, [topic])
     prod = kafka.producer(cfg, **{"linger.ms": 50})          # batched, as Faust's producer sends them
-    last: dict[tuple[int, str], str | None] = {}
+    last: dict[tuple[int, str], bytes | None] = {}
     n = TAIL_RECORDS + 500
     for i in range(n):
         p, key = i % 2, f"w-{i % 7}:0"
-        value = json.dumps({"i": i})
-        prod.produce(topic, key=json.dumps(key).encode(), value=json.dumps(value).encode(), partition=p)
+        value = state_codec.encode(json.dumps({"i": i}))
+        prod.produce(topic, key=json.dumps(key).encode(), value=value, partition=p)
         last[(p, key)] = value
     prod.produce(topic, key=json.dumps("w-3:0").encode(), value=None, partition=1)     # a deletion
     last[(1, "w-3:0")] = None

@@ -28,7 +28,7 @@ from firstfault.rules.catalog import load_catalog
 from firstfault.rules.engine import analyze_bundle
 from firstfault.schemas import Diagnosis, EventBatch, SchedulerEvent
 from firstfault.schemas.avro import decode, encode
-from firstfault.streams import kafka
+from firstfault.streams import kafka, state_codec
 from firstfault.streams.config import StreamConfig
 
 from conftest import SAMPLES
@@ -173,7 +173,7 @@ def finals(ds: list[Diagnosis]) -> list[Diagnosis]:
 def _ended_keys(msgs) -> set[str]:
     """Table keys whose latest changelog value records the end event."""
     latest = {m.key(): m.value() for m in msgs}
-    return {json.loads(k) for k, v in latest.items() if v and json.loads(json.loads(v)).get("ended")}
+    return {json.loads(k) for k, v in latest.items() if v and json.loads(state_codec.decode(v)).get("ended")}
 
 
 def test_worked_example_diagnosis_dead_letters_and_redis(pipeline, redis_url):
