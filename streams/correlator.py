@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import faust
+from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
 
 from firstfault.connectors import metrics_names as M
@@ -153,6 +154,9 @@ class Correlator:
         # The extractors' progress (every partition of the progress topic, no group): read in the timer.
         self.progress = ProgressView(cfg.topic("raw"), cfg.partitions)
         self._progress_reader: Any = None
+        self._progress_parts: set[int] = set()
+        self._progress_at_end: set[int] = set()  # progress partitions read to their end once
+        self._progress_read = False              # every one of them: the extractors' reports are known
         self._awaiting: set[str] = set()         # keys whose final waits for the extractors
         self._failing: dict[str, Any] = {}       # key -> the raw state decide raised on (not retried as is)
         self._stuck = StuckPartitions(UNFETCHED_S)   # assigned input partitions not fetched, and since when
@@ -162,8 +166,18 @@ class Correlator:
 
     def now(self) -> Now:
         stream = datetime.fromtimestamp(self.stream_ms / 1000, timezone.utc) if self.stream_ms else None
-        behind = self.behind if self.progress.seen_any and self.cfg.watermark_wait_s > 0 else None
+        if self.cfg.watermark_wait_s <= 0:
+            behind = None
+        elif not self._progress_read:
+            behind = self._unknown_progress     # a new member: the extractors' reports not read yet
+        else:
+            behind = self.behind if self.progress.seen_any else None
         return Now(wall=datetime.now(timezone.utc), stream=stream, behind=behind)
+
+    def _unknown_progress(self, st: WorkloadState) -> list[int]:
+        """Until the progress topic is read to its end, every raw partition counts as behind: a worker
+        that just joined must not finalize on the grace alone."""
+        return list(range(self.progress.partitions)) if st.end_seen is not None else []
 
     # ------------------------------------------------------------ the extractors' progress
 
@@ -208,9 +222,15 @@ class Correlator:
                 if not msgs:
                     break
                 for m in msgs:
-                    if m.error() is None and self.progress.add_json(m.value()):
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            self._progress_at_end.add(m.partition())
+                            self._progress_read = self._progress_read or self._progress_at_end >= self._progress_parts
+                        continue
+                    if self.progress.add_json(m.value()):
                         n += 1
-                    elif m.error() is None:
+                    else:
                         self.metrics.poison.labels("correlator", "decode").inc()   # not a report: skipped
         except Exception as exc:                 # the broker, not a record: the next tick tries again
             log.debug("progress not read: %s", exc)
@@ -224,7 +244,8 @@ class Correlator:
 
         topic = self.cfg.topic("progress")
         try:
-            reader = kafka.consumer(self.cfg, group=f"{self.cfg.app_id}-progress-{uuid.uuid4().hex[:8]}")
+            reader = kafka.consumer(self.cfg, group=f"{self.cfg.app_id}-progress-{uuid.uuid4().hex[:8]}",
+                                    **{"enable.partition.eof": True})
             meta = reader.list_topics(timeout=5)
             raw = meta.topics.get(self.cfg.topic("raw"))
             if raw is not None and raw.partitions:
@@ -233,7 +254,9 @@ class Correlator:
             parts = sorted(found.partitions) if found is not None and found.partitions else []
             if not parts:
                 reader.close()
-                return None                      # no extractor made it yet: look again next tick
+                self._progress_read = True       # no extractor made it yet: nothing to wait for
+                return None                      # look again next tick
+            self._progress_parts = set(parts)
             reader.assign([TopicPartition(topic, p, 0) for p in parts])
             return reader
         except Exception as exc:
