@@ -141,6 +141,9 @@ class Progress(BaseModel):
     ts_ms: int = Field(description="the extractor's wall clock when it saw this")
     worker: str
     events_end: dict[int, int] = Field(default_factory=dict)
+    held: list[str] = Field(default_factory=list, description=(
+        "workload ids and hosts whose lines this worker read but holds, unrouted (their start event is "
+        "not known yet): an attempt named here, or on a host named here, is not complete"))
 
     @property
     def caught_up(self) -> bool:

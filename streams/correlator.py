@@ -186,7 +186,8 @@ class Correlator:
         if st.end_seen is None:
             return []
         since_ms = int((st.end_seen.timestamp() + self.cfg.watermark_margin_s) * 1000)
-        out = self.progress.behind(since_ms, st.partition, self._events_position(st.partition))
+        keys = frozenset([st.workload_id, *(st.workload.nodes if st.workload is not None else ())])
+        out = self.progress.behind(since_ms, st.partition, self._events_position(st.partition), keys)
         if out:
             self._awaiting.add(st.key)
         else:

@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from itertools import accumulate
+from pathlib import PurePosixPath
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -60,6 +61,7 @@ log = logging.getLogger("firstfault.extractor")
 NODE_SCOPED = ("syslog", "fabricmanager")
 LAG_EVERY_S = 5.0             # consumer lag is recomputed at most this often
 STALE_AFTER_S = 120.0         # /healthz: a loop turn may take a 30 s flush and a commit; this is stuck
+HELD_NAMED = 1000             # progress reports name at most this many attempts and hosts with held lines
 
 
 @dataclass(slots=True)
@@ -195,8 +197,6 @@ class ExtractorCore:
         source = rec.source or source_of(rec.path) or "app"
         host = rec.host or (self._generic.hosts.file_host(rec.path, source) if source in NODE_SCOPED else None)
         if host is None:
-            from pathlib import PurePosixPath
-
             host = PurePosixPath(rec.path).stem
         found = self.timeline.at(host, self._when(rec, ts_ms))
         return found or None
@@ -378,6 +378,15 @@ class ExtractorCore:
         self.counters.held += 1
         while len(self.held) > self.cfg.hold_max:
             self._give_up(self.held.popleft())      # over the count bound: counted, oldest first
+
+    def waiting_for(self) -> set[str]:
+        """The workload ids and hosts whose lines were read but wait unrouted for a start event: held
+        lines, metrics samples, files not credited to a workload yet."""
+        out: set[str] = set()
+        for h in (*self.held, *self.metric_pending, *self._unrouted_paths.values()):
+            rec = h.rec
+            out.add(rec.workload_id or rec.host or PurePosixPath(rec.path).stem)
+        return out
 
     def orphan_event(self, rec: RawLine):
         """The event a line makes on its own (UTC, no workload), for node history."""
@@ -937,15 +946,19 @@ class ExtractorWorker:
                         start = low if low is not None and low >= 0 else 0
                     self.progress.start_at(tp.partition, start)
             highs = {}
-            # Caught up means nothing is left to route: that needs every start event read too.
-            current = self._timeline_current()
+            # Read that far means nothing of an attempt is left to route: the reports name the attempts
+            # and hosts whose lines wait for a start event; past HELD_NAMED of them, the report counts
+            # only once every start event is read (the scheduler topic read to its end).
+            held = self.core.waiting_for()
+            current = len(held) <= HELD_NAMED or self._timeline_current()
             for p in self.progress.positions:
                 _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
                 highs[p] = high if current and high is not None and high >= 0 else -1
         except KafkaException as exc:
             log.debug("progress not reported: %s", exc)
             return
-        for rep in self.progress.reports(highs, int(time.time() * 1000)):
+        named = sorted(held) if len(held) <= HELD_NAMED else []
+        for rep in self.progress.reports(highs, int(time.time() * 1000), named):
             self._produce(self.cfg.topic("progress"), progress_key(topic, rep.partition),
                           rep.model_dump_json().encode())
         self.producer.poll(0)

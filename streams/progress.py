@@ -13,8 +13,10 @@ never held a record), so an idle partition never blocks. The correlator finalize
 ended attempt once, for every raw partition, a report stamped after the end event (plus
 ``watermark_margin_s`` for clock skew and the fetch's age) named a high watermark that a
 report at or after it has read up to, and it has merged the EventBatches that report
-counts on the attempt's events partition. So under a backlog a workload waits for the
-lines shipped before its end, not for the whole backlog. A restarted or rebalanced
+counts on the attempt's events partition, and holds no line of the attempt unrouted (a
+report names the attempts and hosts whose lines wait for a start event). So under a backlog,
+or steady scheduler traffic, a workload waits for the lines shipped before its end, not for
+the whole backlog. A restarted or rebalanced
 extractor simply reports again; until one does, the partition is behind. Past
 ``watermark_wait_s`` the correlator says so in a provisional diagnosis.
 
@@ -76,10 +78,11 @@ class ProgressTracker:
             if offset + 1 > self.events_end.get(partition, 0):
                 self.events_end[partition] = offset + 1
 
-    def reports(self, highs: dict[int, int], now_ms: int) -> list[Progress]:
-        """One report per owned partition whose position is known; ``highs``: fetch high watermarks."""
+    def reports(self, highs: dict[int, int], now_ms: int, held: list[str] | None = None) -> list[Progress]:
+        """One report per owned partition whose position is known; ``highs``: fetch high watermarks;
+        ``held``: the workloads and hosts whose lines wait unrouted."""
         return [Progress(topic=self.raw_topic, partition=p, position=pos, high=highs.get(p, -1), ts_ms=now_ms,
-                         worker=self.worker, events_end=dict(self.events_end))
+                         worker=self.worker, events_end=dict(self.events_end), held=list(held or ()))
                 for p, pos in sorted(self.positions.items()) if pos is not None]
 
 
@@ -100,6 +103,7 @@ class ProgressView:
         self._pos: dict[int, list[int]] = {}  # ... their positions, highs and events_end, in that order
         self._high: dict[int, list[int]] = {}
         self._ends: dict[int, list[dict[int, int]]] = {}
+        self._held: dict[int, list[frozenset[str]]] = {}
         self._most: dict[int, list[int]] = {}  # running max of positions (bisect), rebuilt when stale
         self.latest: dict[int, Progress] = {}
 
@@ -123,10 +127,11 @@ class ProgressView:
         if rep.high < 0:                      # the extractor's timeline was not current: says nothing
             return True
         ts = self._ts.setdefault(p, [])
-        cols = (self._pos.setdefault(p, []), self._high.setdefault(p, []), self._ends.setdefault(p, []))
+        cols = (self._pos.setdefault(p, []), self._high.setdefault(p, []), self._ends.setdefault(p, []),
+                self._held.setdefault(p, []))
         i = bisect.bisect_right(ts, rep.ts_ms)
         ts.insert(i, rep.ts_ms)
-        for col, v in zip(cols, (rep.position, rep.high, rep.events_end)):
+        for col, v in zip(cols, (rep.position, rep.high, rep.events_end, frozenset(rep.held))):
             col.insert(i, v)
         most = self._most.get(p)
         if most is not None and i == len(most):
@@ -150,24 +155,26 @@ class ProgressView:
             self._most[p] = most
         return most
 
-    def _passed(self, p: int, since_ms: int) -> int | None:
-        """The index of the first report that read partition ``p`` past what it held at ``since_ms``."""
+    def _passed(self, p: int, since_ms: int, keys: frozenset[str] = frozenset()) -> int | None:
+        """The index of the first report that read partition ``p`` past what it held at ``since_ms``
+        while holding no line of ``keys`` (the attempt's workload id and hosts)."""
         ts = self._ts.get(p, [])
         i = bisect.bisect_left(ts, since_ms)
         if i == len(ts):
             return None
-        pos, need = self._pos[p], self._high[p][i]
+        pos, need, held = self._pos[p], self._high[p][i], self._held[p]
         j = max(i, bisect.bisect_left(self._running_max(p), need))
-        while j < len(ts) and pos[j] < need:  # a later owner started lower (a rebalance): rare, short
+        while j < len(ts) and (pos[j] < need or not held[j].isdisjoint(keys)):   # rare, short
             j += 1
         return j if j < len(ts) else None
 
-    def behind(self, since_ms: int, events_partition: int | None, events_position: int | None) -> list[int]:
-        """Raw partitions not yet read past what they held at ``since_ms``, or read that far by a report
-        that counts on EventBatches the correlator has not merged yet."""
+    def behind(self, since_ms: int, events_partition: int | None, events_position: int | None,
+               keys: frozenset[str] = frozenset()) -> list[int]:
+        """Raw partitions not yet read past what they held at ``since_ms`` (with no line of ``keys`` held
+        unrouted), or read that far by a report that counts on EventBatches not merged yet."""
         out = []
         for p in range(self.partitions):
-            j = self._passed(p, since_ms)
+            j = self._passed(p, since_ms, keys)
             if j is None:
                 out.append(p)
                 continue

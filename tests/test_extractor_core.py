@@ -166,3 +166,17 @@ def test_metrics_samples_in_any_batching_match_offline(tmp_path, seed, start_fir
     assert got.to_json() == analyze_path(sample).diagnosis.to_json()
     assert [e.count for e in events.sorted() if e.kind == "dcgm_threshold"] == [1, 1]
     assert [e.count for e in events.sorted() if e.kind == "unparsed" and e.source == "metrics"] == [2]
+
+
+def test_the_core_names_what_waits_for_a_start_event_until_it_comes():
+    wl, records = bundle_records(next(p for p in sample_dirs() if p.name == "worked-example"))
+    core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+    ts = int(wl.start_time.timestamp() * 1000)
+    assert core.waiting_for() == set()
+    core.handle([(r, ts) for _, r in records])
+    waiting = core.waiting_for()
+    assert wl.workload_id in waiting                   # its application lines, held
+    assert waiting & set(wl.nodes)                     # its hosts' node-scoped lines, held
+    core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    core.retry_held()
+    assert core.waiting_for() == set()

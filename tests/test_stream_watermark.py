@@ -34,9 +34,10 @@ STREAM_ONLY = ("revision", "provisional")
 T0 = 1_800_000_000_000
 
 
-def rep(partition: int, position: int, high: int, ts_ms: int, events_end: dict | None = None) -> Progress:
+def rep(partition: int, position: int, high: int, ts_ms: int, events_end: dict | None = None,
+        held: list[str] | None = None) -> Progress:
     return Progress(topic="t.raw", partition=partition, position=position, high=high, ts_ms=ts_ms, worker="x",
-                    events_end=events_end or {})
+                    events_end=events_end or {}, held=held or [])
 
 
 # ---------------------------------------------------------------- pure
@@ -80,6 +81,18 @@ def test_under_a_backlog_a_partition_passes_once_read_up_to_what_it_held_at_the_
         again.add(r)
     assert again.behind(T0, 0, 8) == [] and again.behind(T0 + 10, 0, 8) == [0]
     assert not view.add_json(b"not json") and not view.add(rep(0, 1, 1, T0).model_copy(update={"topic": "other"}))
+
+
+def test_an_attempt_whose_lines_wait_unrouted_is_not_complete_whatever_the_position():
+    """Under steady scheduler traffic the extractor's timeline is rarely read to its very end; reports
+    name the attempts and hosts whose lines wait for a start event instead, and only those wait."""
+    view = ProgressView("t.raw", partitions=1)
+    view.add(rep(0, 50, 50, T0 + 1, held=["slurm-9", "node-07"]))
+    mine, other = frozenset({"slurm-9", "node-01"}), frozenset({"slurm-3", "node-02"})
+    assert view.behind(T0, 0, 0, mine) == [0] and view.behind(T0, 0, 0, other) == []
+    assert view.behind(T0, 0, 0, frozenset({"slurm-4", "node-07"})) == [0]      # a host of the attempt
+    view.add(rep(0, 60, 70, T0 + 2, held=["node-07"]))                          # slurm-9's start came
+    assert view.behind(T0, 0, 0, mine) == []
 
 
 def test_the_extractor_side_reports_committed_positions_and_delivered_events():
