@@ -73,6 +73,7 @@ STATS_EVERY_S = 60.0
 # How often due states are looked for: the finalization latency beyond the grace is about
 # half of it. A look is a dict walk with a cached wake per state, cheap at thousands of states.
 TICK_S = 0.1
+TICK_BUDGET_S = 0.25          # a tick's work at most: the states past it are looked at by the next tick
 FETCH_MAX_WAIT_MS = 100       # the longest a fetch waits on the broker for new input (Faust: 1500)
 TAKE_MAX = 200                # EventBatch records per window of the events agent
 TAKE_WITHIN_S = 0.05          # how long a window waits to fill when input is sparse
@@ -159,6 +160,7 @@ class Correlator:
         self._progress_read = False              # every one of them: the extractors' reports are known
         self._awaiting: set[str] = set()         # keys whose final waits for the extractors
         self._failing: dict[str, Any] = {}       # key -> the raw state decide raised on (not retried as is)
+        self._tick_cursor = 0                     # where the next tick starts among the states
         self._stuck = StuckPartitions(UNFETCHED_S)   # assigned input partitions not fetched, and since when
         self.rules = RulesFollower(cfg, "correlator", catalog, RulesMetrics(self.metrics.registry))
 
@@ -464,9 +466,15 @@ class Correlator:
 
     # ------------------------------------------------------------ decisions and publishing
 
-    async def _step(self, st: WorkloadState, before: bytes | None, publish: bool = True) -> None:
-        """Decide, then publish through the outbox (``publish=False``: the caller will). Caller holds the lock."""
+    async def _step(self, st: WorkloadState, before: bytes | None, publish: bool = True,
+                    input_changed: bool = True) -> None:
+        """Decide, then publish through the outbox (``publish=False``: the caller will). Caller holds the lock.
+        ``input_changed=False`` (the timer): a decision that changed nothing is not saved again."""
+        mark = _decision_mark(st)
         published = await asyncio.to_thread(decide, st, self.catalog, self.now(), self.cfg)
+        if not input_changed and not published and before is not None and _decision_mark(st) == mark:
+            self._keep_parsed(st, before)        # e.g. still waiting for the extractors: nothing to write
+            return
         if st.published is not None:
             self._awaiting.discard(st.key)
         self._save(st, before)
@@ -547,7 +555,16 @@ class Correlator:
         self.poll_progress()
         active = self._active_partitions()
         now = self.now()
-        for key in list(self.table.data.keys()):
+        # Bounded work per tick: past TICK_BUDGET_S the rest waits for the next tick, which starts
+        # where this one stopped (a burst of finals no longer stalls input for seconds).
+        keys = list(self.table.data.keys())
+        start = self._tick_cursor % len(keys) if keys else 0
+        began = asyncio.get_running_loop().time()
+        for n, key in enumerate(keys[start:] + keys[:start]):
+            if n and asyncio.get_running_loop().time() - began >= TICK_BUDGET_S:
+                self._tick_cursor = start + n
+                self.counts["ticks_cut"] += 1
+                break
             # Read now, not from a snapshot: the awaits below let batches save newer states, and a
             # stale value would be parsed again to learn what the cached wake already says.
             raw = self.table.data.get(key)
@@ -565,7 +582,7 @@ class Correlator:
                     if expired(st, now.wall, self.cfg):
                         self._delete(st)
                     else:
-                        await self._step(st, before)
+                        await self._step(st, before, input_changed=False)
             except Exception:                    # one state must not stop the others' finalization
                 log.exception("correlator timer failed on %s", key)
                 self.metrics.poison.labels("correlator", "decide").inc()
@@ -663,6 +680,11 @@ class Correlator:
             self._last_stats = loop_now
             log.info("correlator: %d attempts in state, stream time %s, %s", len(self.table.data),
                      self.now().stream, dict(sorted(self.counts.items())))
+
+
+def _decision_mark(st: WorkloadState) -> tuple:
+    """What ``decide`` may change in a state, cheaply: equal before and after, it changed nothing."""
+    return (len(st.pending), len(st.provisional), st.published, st.dirty, st.root_arrived, st.closed_at)
 
 
 def _faust_settings(cfg: StreamConfig) -> dict[str, Any]:
