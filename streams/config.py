@@ -30,6 +30,9 @@ class StreamConfig(BaseModel):
     watermark_margin_s: float = Field(default=1.0, ge=0, description=(
         "an extractor's progress counts once stamped this long after the end event: clock skew "
         "between hosts and the age of a fetch's high watermark"))
+    standby_replicas: int = Field(default=0, ge=0, description=(
+        "standby copies of each correlator table partition on other correlators: faster failover for "
+        "that much more memory per worker; 0 (the default) for one correlator or the embedded broker"))
     rules: str | None = None
     app_id: str = "firstfault-correlator"
     extractor_group: str = "firstfault-extractor"
@@ -55,7 +58,8 @@ class StreamConfig(BaseModel):
         for key, name in (("partitions", "PARTITIONS"), ("grace_s", "GRACE_S"), ("grace_cap_s", "GRACE_CAP_S"),
                           ("lateness_s", "LATENESS_S"), ("hold_s", "HOLD_S"), ("hold_max", "HOLD_MAX"),
                           ("batch", "BATCH"), ("app_id", "APP_ID"), ("extractor_group", "EXTRACTOR_GROUP"),
-                          ("watermark_wait_s", "WATERMARK_WAIT_S"), ("watermark_margin_s", "WATERMARK_MARGIN_S")):
+                          ("watermark_wait_s", "WATERMARK_WAIT_S"), ("watermark_margin_s", "WATERMARK_MARGIN_S"),
+                          ("standby_replicas", "STANDBY_REPLICAS")):
             if (v := _env(env, name)) is not None:
                 values[key] = v
         values.update({k: v for k, v in overrides.items() if v is not None})

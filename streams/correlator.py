@@ -697,6 +697,7 @@ def _faust_settings(cfg: StreamConfig) -> dict[str, Any]:
         broker_session_timeout=2.0, broker_heartbeat_interval=0.5,
         topic_replication_factor=1, topic_partitions=cfg.partitions,
         consumer_auto_offset_reset="earliest",
+        table_standby_replicas=cfg.standby_replicas,   # Faust's default 1 doubled a second worker's memory
         datadir=datadir, web_enabled=False, autodiscover=False,
     )
     if os.environ.get("FIRSTFAULT_COMMIT_INTERVAL_S"):

@@ -49,7 +49,7 @@ ENV_NAMES = {
     "partitions": "PARTITIONS", "grace_s": "GRACE_S", "grace_cap_s": "GRACE_CAP_S", "lateness_s": "LATENESS_S",
     "hold_s": "HOLD_S", "hold_max": "HOLD_MAX", "batch": "BATCH", "app_id": "APP_ID",
     "extractor_group": "EXTRACTOR_GROUP", "watermark_wait_s": "WATERMARK_WAIT_S",
-    "watermark_margin_s": "WATERMARK_MARGIN_S",
+    "watermark_margin_s": "WATERMARK_MARGIN_S", "standby_replicas": "STANDBY_REPLICAS",
 }
 RESTART_RESET_S = 60.0        # a worker that ran this long starts its backoff afresh
 MAX_BACKOFF_S = 30.0

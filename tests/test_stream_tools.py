@@ -293,7 +293,7 @@ def test_topology_names_every_topic_with_its_producers_and_consumers(capsys, mon
 
 
 def test_worker_env_is_explicit_and_drops_unset_settings():
-    cfg = StreamConfig(bootstrap="k:9092", prefix="p.", partitions=3, rules="/r")
+    cfg = StreamConfig(bootstrap="k:9092", prefix="p.", partitions=3, rules="/r", standby_replicas=1)
     env = up.worker_env(cfg, base={"FIRSTFAULT_REDIS_URL": "redis://stale", "PATH": "/bin"})
     assert StreamConfig.from_env(env) == cfg
     assert "FIRSTFAULT_REDIS_URL" not in env and env["PATH"] == "/bin"
