@@ -141,6 +141,12 @@ class Progress(BaseModel):
     ts_ms: int = Field(description="the extractor's wall clock when it saw this")
     worker: str
     events_end: dict[int, int] = Field(default_factory=dict)
+    done_ts_ms: int = Field(default=-1, description=(
+        "the latest record time (Kafka timestamp) among the records before position: once past an "
+        "attempt's end record's time, every line shipped before that end was read (-1: none)"))
+    fresh: bool = Field(default=True, description=(
+        "the consumer had drained what it had fetched when this was reported, so ``high`` is a recent "
+        "fetch's; False while it works through a backlog (high can be many seconds old)"))
     held: list[str] = Field(default_factory=list, description=(
         "workload ids and hosts whose lines this worker read but holds, unrouted (their start event is "
         "not known yet): an attempt named here, or on a host named here, is not complete"))
@@ -148,3 +154,7 @@ class Progress(BaseModel):
     @property
     def caught_up(self) -> bool:
         return self.high >= 0 and self.position >= self.high
+
+    def held_disjoint(self, keys: frozenset[str]) -> bool:
+        """None of ``keys`` (an attempt's workload id and hosts) has lines held unrouted here."""
+        return not keys or keys.isdisjoint(self.held)

@@ -189,7 +189,9 @@ class Correlator:
             return []
         since_ms = int((st.end_seen.timestamp() + self.cfg.watermark_margin_s) * 1000)
         keys = frozenset([st.workload_id, *(st.workload.nodes if st.workload is not None else ())])
-        out = self.progress.behind(since_ms, st.partition, self._events_position(st.partition), keys)
+        end_ms = (int((st.end_record_ts.timestamp() + self.cfg.watermark_margin_s) * 1000)
+                  if st.end_record_ts is not None else None)
+        out = self.progress.behind(since_ms, st.partition, self._events_position(st.partition), keys, end_ms)
         if out:
             self._awaiting.add(st.key)
         else:

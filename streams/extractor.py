@@ -604,6 +604,7 @@ class ExtractorWorker:
         self._counted = 0                  # records + refused ones already added to RECORDS_CONSUMED
         self._lag_due = 0.0
         self._joined = False               # the group assigned this member its partitions (maybe none)
+        self._fresh = True                 # the last consume drained what was fetched (progress.py)
         self._brokers_down = False
         self._delivery_log_due = 0.0
         self._failed_deliveries = 0        # producer records the broker refused for now (retriable), ever
@@ -785,6 +786,9 @@ class ExtractorWorker:
         if self.poll_timeline():
             self._retry_held()
         msgs = self.consumer.consume(num_messages=self.cfg.batch, timeout=timeout)
+        # Fewer than asked: what the consumer had fetched is drained, so its fetch high watermarks are
+        # recent; a full batch means a backlog, whose highs can be many seconds old (progress.py).
+        self._fresh = len(msgs) < self.cfg.batch
         good = [m for m in msgs if m.error() is None]
         if len(good) != len(msgs):
             for m in msgs:
@@ -905,11 +909,16 @@ class ExtractorWorker:
         for m in good:
             last[m.partition()] = m      # the worker reads only the raw topic
         nxt = {p: m.offset() + 1 for p, m in last.items()}
+        stamps: dict[int, int] = {}
+        for m in good:
+            ts_type, ts = m.timestamp()
+            if ts_type and ts > stamps.get(m.partition(), -1):
+                stamps[m.partition()] = ts
         floor = self.held_floor()
         topic = self.cfg.topic("raw")
         self.consumer.commit(offsets=[TopicPartition(topic, p, min(o, floor.get(p, o))) for p, o in nxt.items()],
                              asynchronous=False)
-        self.progress.committed(nxt)
+        self.progress.committed(nxt, stamps)
 
     def _refused_for_good(self) -> None:
         """Output the broker refused for good (too large...): dead-lettered, the batch is not read again."""
@@ -958,7 +967,7 @@ class ExtractorWorker:
             log.debug("progress not reported: %s", exc)
             return
         named = sorted(held) if len(held) <= HELD_NAMED else []
-        for rep in self.progress.reports(highs, int(time.time() * 1000), named):
+        for rep in self.progress.reports(highs, int(time.time() * 1000), named, fresh=self._fresh):
             self._produce(self.cfg.topic("progress"), progress_key(topic, rep.partition),
                           rep.model_dump_json().encode())
         self.producer.poll(0)

@@ -7,18 +7,19 @@ has not turned the last lines into events yet, and a final published then is wro
 (everything before it extracted and delivered), the high watermark its last fetch saw,
 its wall clock, and where its EventBatches ended on each events partition.
 
-A report with ``position >= high`` says "I had read everything the broker had". That
-holds for an idle partition too (position = high = its committed offset, or 0 when it
-never held a record), so an idle partition never blocks. The correlator finalizes an
-ended attempt once, for every raw partition, a report stamped after the end event (plus
-``watermark_margin_s`` for clock skew and the fetch's age) named a high watermark that a
-report at or after it has read up to, and it has merged the EventBatches that report
-counts on the attempt's events partition, and holds no line of the attempt unrouted (a
-report names the attempts and hosts whose lines wait for a start event). So under a backlog,
-or steady scheduler traffic, a workload waits for the lines shipped before its end, not for
-the whole backlog. A restarted or rebalanced
-extractor simply reports again; until one does, the partition is behind. Past
-``watermark_wait_s`` the correlator says so in a provisional diagnosis.
+A report with ``position >= high`` says "I had read everything the broker had" when the
+high is recent: the consumer had drained what it fetched (``fresh``). That holds for an idle
+partition too (position = high = its committed offset, or 0), so an idle partition never
+blocks. Working through a backlog the consumer stops fetching and its cached high can be
+seconds old; then the report's ``done_ts_ms`` (the latest record time read) decides: a
+record stamped after an attempt's end record was appended after every line shipped before
+that end. The correlator finalizes an ended attempt once every raw partition passed either
+way (:class:`ProgressView`), the report counts on no EventBatch it has not merged, and no line
+of the attempt is held unrouted (reports name the attempts and hosts whose lines wait for a
+start event). So a workload waits for the lines shipped before its end, not for the whole
+backlog. A restarted or rebalanced extractor simply reports again; until one does, the
+partition is behind. Past ``watermark_wait_s`` the correlator says so in a provisional
+diagnosis.
 
 Both sides are here, without Kafka: :class:`ProgressTracker` (extractor) and
 :class:`ProgressView` (correlator).
@@ -49,6 +50,7 @@ class ProgressTracker:
     def __init__(self, raw_topic: str, events_topic: str, worker: str) -> None:
         self.raw_topic, self.events_topic, self.worker = raw_topic, events_topic, worker
         self.positions: dict[int, int | None] = {}      # owned raw partition -> next offset (None: not known yet)
+        self.done_ts: dict[int, int] = {}               # owned raw partition -> latest record time before it
         self.events_end: dict[int, int] = {}
 
     def assigned(self, partitions: Iterable[int]) -> None:
@@ -58,6 +60,7 @@ class ProgressTracker:
     def revoked(self, partitions: Iterable[int]) -> None:
         for p in partitions:
             self.positions.pop(p, None)
+            self.done_ts.pop(p, None)
 
     def unknown(self) -> list[int]:
         return sorted(p for p, pos in self.positions.items() if pos is None)
@@ -67,32 +70,46 @@ class ProgressTracker:
         if partition in self.positions and self.positions[partition] is None:
             self.positions[partition] = max(0, offset)
 
-    def committed(self, offsets: dict[int, int]) -> None:
-        """A batch was delivered and committed: partition -> the offset after its last record."""
+    def committed(self, offsets: dict[int, int], stamps: dict[int, int] | None = None) -> None:
+        """A batch was delivered and committed: partition -> the offset after its last record; ``stamps``:
+        partition -> the latest record time in the batch (ms)."""
         for p, nxt in offsets.items():
             if p in self.positions:
                 self.positions[p] = max(self.positions[p] or 0, nxt)
+        for p, ts in (stamps or {}).items():
+            if p in self.positions and ts > self.done_ts.get(p, -1):
+                self.done_ts[p] = ts
 
     def delivered(self, topic: str, partition: int, offset: int) -> None:
         if topic == self.events_topic and offset >= 0:
             if offset + 1 > self.events_end.get(partition, 0):
                 self.events_end[partition] = offset + 1
 
-    def reports(self, highs: dict[int, int], now_ms: int, held: list[str] | None = None) -> list[Progress]:
+    def reports(self, highs: dict[int, int], now_ms: int, held: list[str] | None = None,
+                fresh: bool = True) -> list[Progress]:
         """One report per owned partition whose position is known; ``highs``: fetch high watermarks;
-        ``held``: the workloads and hosts whose lines wait unrouted."""
+        ``held``: the workloads and hosts whose lines wait unrouted; ``fresh``: the consumer had drained
+        what it fetched (its highs are recent)."""
         return [Progress(topic=self.raw_topic, partition=p, position=pos, high=highs.get(p, -1), ts_ms=now_ms,
-                         worker=self.worker, events_end=dict(self.events_end), held=list(held or ()))
+                         worker=self.worker, events_end=dict(self.events_end), held=list(held or ()),
+                         done_ts_ms=self.done_ts.get(p, -1), fresh=fresh)
                 for p, pos in sorted(self.positions.items()) if pos is not None]
 
 
 class ProgressView:
     """The correlator's side: the extractors' reports per raw partition, and who is behind.
 
-    A partition has passed an attempt's end once a report stamped at or after the end (+ the
-    margin) gave its high watermark ``h`` (everything shipped before the end is below it) and a
-    report at or after that one has ``position >= h``: read that far. Under a backlog that is
-    long before the partition is drained (a caught-up report is the case where both are one).
+    A partition has passed an attempt's end once a report shows either
+
+    * a record read there whose time is past the end record's time (+ the margin for the
+      shippers' clocks): the lines shipped before the end were appended before it, so they are
+      read too; that holds however far behind the extractor's fetches are, or
+    * the partition read to the high watermark of a *fresh* report stamped after the end was
+      seen (+ the margin): the extractor had drained what it fetched, so that high is recent;
+      this is how a partition that got nothing since the end passes.
+
+    and that report counts on no EventBatch the correlator has not merged and holds none of the
+    attempt's lines unrouted.
     """
 
     def __init__(self, raw_topic: str, partitions: int) -> None:
@@ -100,11 +117,8 @@ class ProgressView:
         self.partitions = partitions
         self.seen_any = False                 # an extractor ever reported: the gate applies
         self._ts: dict[int, list[int]] = {}   # partition -> ts_ms of usable reports (high known), sorted
-        self._pos: dict[int, list[int]] = {}  # ... their positions, highs and events_end, in that order
-        self._high: dict[int, list[int]] = {}
-        self._ends: dict[int, list[dict[int, int]]] = {}
-        self._held: dict[int, list[frozenset[str]]] = {}
-        self._most: dict[int, list[int]] = {}  # running max of positions (bisect), rebuilt when stale
+        self._rows: dict[int, list[Progress]] = {}    # ... the reports, in that order
+        self._done: dict[int, list[int]] = {}         # running max of done_ts_ms (bisect), rebuilt when stale
         self.latest: dict[int, Progress] = {}
 
     def add_json(self, value: bytes | None) -> bool:
@@ -126,59 +140,61 @@ class ProgressView:
             self.latest[p] = rep
         if rep.high < 0:                      # the extractor's timeline was not current: says nothing
             return True
-        ts = self._ts.setdefault(p, [])
-        cols = (self._pos.setdefault(p, []), self._high.setdefault(p, []), self._ends.setdefault(p, []),
-                self._held.setdefault(p, []))
+        ts, rows = self._ts.setdefault(p, []), self._rows.setdefault(p, [])
         i = bisect.bisect_right(ts, rep.ts_ms)
         ts.insert(i, rep.ts_ms)
-        for col, v in zip(cols, (rep.position, rep.high, rep.events_end, frozenset(rep.held))):
-            col.insert(i, v)
-        most = self._most.get(p)
-        if most is not None and i == len(most):
-            most.append(max(most[-1], rep.position) if most else rep.position)
+        rows.insert(i, rep)
+        done = self._done.get(p)
+        if done is not None and i == len(done):
+            done.append(max(done[-1], rep.done_ts_ms) if done else rep.done_ts_ms)
         else:
-            self._most.pop(p, None)           # inserted before the end: rebuilt at the next look
+            self._done.pop(p, None)           # inserted before the end: rebuilt at the next look
         if len(ts) > KEEP_REPORTS:            # the oldest go: an attempt waits watermark_wait_s at most
-            cut = len(ts) - KEEP_REPORTS
-            for col in (ts, *cols):
-                del col[:cut]
-            self._most.pop(p, None)
+            del ts[:len(ts) - KEEP_REPORTS]
+            del rows[:len(rows) - KEEP_REPORTS]
+            self._done.pop(p, None)
         return True
 
-    def _running_max(self, p: int) -> list[int]:
-        most = self._most.get(p)
-        if most is None:
-            most, top = [], -1
-            for v in self._pos.get(p, []):
-                top = max(top, v)
-                most.append(top)
-            self._most[p] = most
-        return most
+    def _running_done(self, p: int) -> list[int]:
+        done = self._done.get(p)
+        if done is None:
+            done, top = [], -1
+            for rep in self._rows.get(p, []):
+                top = max(top, rep.done_ts_ms)
+                done.append(top)
+            self._done[p] = done
+        return done
 
-    def _passed(self, p: int, since_ms: int, keys: frozenset[str] = frozenset()) -> int | None:
-        """The index of the first report that read partition ``p`` past what it held at ``since_ms``
-        while holding no line of ``keys`` (the attempt's workload id and hosts)."""
-        ts = self._ts.get(p, [])
-        i = bisect.bisect_left(ts, since_ms)
-        if i == len(ts):
-            return None
-        pos, need, held = self._pos[p], self._high[p][i], self._held[p]
-        j = max(i, bisect.bisect_left(self._running_max(p), need))
-        while j < len(ts) and (pos[j] < need or not held[j].isdisjoint(keys)):   # rare, short
+    def _passed(self, p: int, since_ms: int, end_ms: int | None, keys: frozenset[str]) -> Progress | None:
+        """The first report that shows partition ``p`` read past the attempt's end, with none of ``keys``
+        (its workload id and hosts) held unrouted."""
+        ts, rows = self._ts.get(p, []), self._rows.get(p, [])
+        found: list[int] = []
+        if end_ms is not None:                # a record past the end's time was read
+            j = bisect.bisect_left(self._running_done(p), end_ms)
+            while j < len(rows) and not rows[j].held_disjoint(keys):
+                j += 1
+            if j < len(rows):
+                found.append(j)
+        j = bisect.bisect_left(ts, since_ms)  # read to a recent high watermark after the end was seen
+        while j < len(rows) and not (rows[j].fresh and rows[j].caught_up and rows[j].held_disjoint(keys)):
             j += 1
-        return j if j < len(ts) else None
+        if j < len(rows):
+            found.append(j)
+        return rows[min(found)] if found else None
 
     def behind(self, since_ms: int, events_partition: int | None, events_position: int | None,
-               keys: frozenset[str] = frozenset()) -> list[int]:
-        """Raw partitions not yet read past what they held at ``since_ms`` (with no line of ``keys`` held
-        unrouted), or read that far by a report that counts on EventBatches not merged yet."""
+               keys: frozenset[str] = frozenset(), end_ms: int | None = None) -> list[int]:
+        """Raw partitions not yet shown read past the attempt's end (``end_ms``: its end record's time
+        + the margin; ``since_ms``: when the end was seen + the margin), or shown so by a report that
+        counts on EventBatches not merged yet."""
         out = []
         for p in range(self.partitions):
-            j = self._passed(p, since_ms, keys)
-            if j is None:
+            rep = self._passed(p, since_ms, end_ms, keys)
+            if rep is None:
                 out.append(p)
                 continue
-            need = self._ends[p][j].get(events_partition, 0) if events_partition is not None else 0
+            need = rep.events_end.get(events_partition, 0) if events_partition is not None else 0
             if need > 0 and (events_position is None or events_position < need):
                 out.append(p)
         return out

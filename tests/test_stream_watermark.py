@@ -35,9 +35,9 @@ T0 = 1_800_000_000_000
 
 
 def rep(partition: int, position: int, high: int, ts_ms: int, events_end: dict | None = None,
-        held: list[str] | None = None) -> Progress:
+        held: list[str] | None = None, fresh: bool = True, done: int = -1) -> Progress:
     return Progress(topic="t.raw", partition=partition, position=position, high=high, ts_ms=ts_ms, worker="x",
-                    events_end=events_end or {}, held=held or [])
+                    events_end=events_end or {}, held=held or [], fresh=fresh, done_ts_ms=done)
 
 
 # ---------------------------------------------------------------- pure
@@ -58,29 +58,37 @@ def test_a_partition_counts_once_a_caught_up_report_is_stamped_after_the_end():
     assert view.behind(T0 + 21, 0, 7) == [0, 1]
 
 
-def test_under_a_backlog_a_partition_passes_once_read_up_to_what_it_held_at_the_end():
-    """Never caught up (more keeps coming), yet read past the end: the attempt need not wait."""
+def test_under_a_backlog_a_partition_passes_once_a_record_after_the_end_is_read():
+    """Never caught up (more keeps coming), yet read past the end: the attempt need not wait. A record
+    stamped after the end record was appended after every line shipped before that end."""
     view = ProgressView("t.raw", partitions=1)
-    view.add(rep(0, 100, 500, T0 - 5))
-    view.add(rep(0, 300, 800, T0 + 1, {0: 3}))        # at the end the partition held 800 records
-    assert view.behind(T0, 0, 10) == [0]
-    view.add(rep(0, 790, 1500, T0 + 9, {0: 6}))
-    assert view.behind(T0, 0, 10) == [0]
-    view.add(rep(0, 820, 2100, T0 + 14, {0: 8}))      # past 800: the lines shipped before the end are read
-    assert view.behind(T0, 0, 7) == [0]               # ... once the batches it counts on are merged
-    assert view.behind(T0, 0, 8) == []
-    assert view.behind(T0 + 10, 0, 8) == [0]          # a later end: 1500 not read yet
-    # A rebalance: the new owner starts from the commit, lower than the old owner's position.
-    view.add(rep(0, 600, 2100, T0 + 20, {0: 9}))
-    view.add(rep(0, 2150, 2300, T0 + 25, {0: 11}))
-    assert view.behind(T0 + 10, 0, 10) == [0] and view.behind(T0 + 10, 0, 11) == []
+    end = T0 - 2_000                                  # the end record's time (+ margin); seen at T0
+    view.add(rep(0, 300, 800, T0 + 1, {0: 3}, fresh=False, done=end - 5_000))
+    assert view.behind(T0, 0, 10, end_ms=end) == [0]
+    view.add(rep(0, 790, 1500, T0 + 9, {0: 6}, fresh=False, done=end - 10))
+    assert view.behind(T0, 0, 10, end_ms=end) == [0]
+    view.add(rep(0, 820, 2100, T0 + 14, {0: 8}, fresh=False, done=end + 30))   # a record after the end
+    assert view.behind(T0, 0, 7, end_ms=end) == [0]   # ... once the batches that report counts on are merged
+    assert view.behind(T0, 0, 8, end_ms=end) == []
+    assert view.behind(T0 + 10, 0, 8, end_ms=end + 100) == [0]                 # a later end: not yet
     # Reports arriving out of stamp order (two owners' clocks) give the same answer.
     again = ProgressView("t.raw", partitions=1)
-    for r in reversed([rep(0, 300, 800, T0 + 1, {0: 3}), rep(0, 790, 1500, T0 + 9, {0: 6}),
-                       rep(0, 820, 2100, T0 + 14, {0: 8})]):
+    for r in reversed([rep(0, 300, 800, T0 + 1, {0: 3}, fresh=False, done=end - 5_000),
+                       rep(0, 820, 2100, T0 + 14, {0: 8}, fresh=False, done=end + 30)]):
         again.add(r)
-    assert again.behind(T0, 0, 8) == [] and again.behind(T0 + 10, 0, 8) == [0]
-    assert not view.add_json(b"not json") and not view.add(rep(0, 1, 1, T0).model_copy(update={"topic": "other"}))
+    assert again.behind(T0, 0, 8, end_ms=end) == [] and again.behind(T0, 0, 8, end_ms=end + 31) == [0]
+
+
+def test_a_high_watermark_from_a_backlog_proves_nothing():
+    """Working through a backlog the consumer stops fetching: its cached high can be seconds old, so
+    position >= high then does not say the lines shipped before the end were read (800 workloads at
+    once published finals on partial evidence that way)."""
+    view = ProgressView("t.raw", partitions=1)
+    view.add(rep(0, 500, 500, T0 + 3, {0: 4}, fresh=False, done=T0 - 9_000))
+    assert view.behind(T0, 0, 9, end_ms=T0 - 1_000) == [0]
+    view.add(rep(0, 900, 900, T0 + 6, {0: 5}, fresh=True, done=T0 - 1_500))    # drained: that high is recent
+    assert view.behind(T0, 0, 9, end_ms=T0 - 1_000) == []
+    assert view.behind(T0 + 7, 0, 9, end_ms=T0 - 1_000) == [0]                 # stamped before the end was seen
 
 
 def test_an_attempt_whose_lines_wait_unrouted_is_not_complete_whatever_the_position():
@@ -91,7 +99,7 @@ def test_an_attempt_whose_lines_wait_unrouted_is_not_complete_whatever_the_posit
     mine, other = frozenset({"slurm-9", "node-01"}), frozenset({"slurm-3", "node-02"})
     assert view.behind(T0, 0, 0, mine) == [0] and view.behind(T0, 0, 0, other) == []
     assert view.behind(T0, 0, 0, frozenset({"slurm-4", "node-07"})) == [0]      # a host of the attempt
-    view.add(rep(0, 60, 70, T0 + 2, held=["node-07"]))                          # slurm-9's start came
+    view.add(rep(0, 70, 70, T0 + 2, held=["node-07"]))                          # slurm-9's start came
     assert view.behind(T0, 0, 0, mine) == []
 
 
