@@ -24,7 +24,7 @@ from .config import StreamConfig
 log = logging.getLogger("firstfault.changelog")
 
 TAIL_RECORDS = 2000            # read again before the reported end: far more than Tansu's shortfall
-IDLE_S = 0.5                   # at every partition's end, and nothing more for this long: done
+IDLE_S = 0.1                   # at every partition's end, and nothing more for this long: done
 
 
 def read_tail(cfg: StreamConfig, topic: str, partitions: list[int], timeout_s: float = 60.0,

@@ -603,23 +603,38 @@ class Correlator:
 
     # ------------------------------------------------------------ health
 
-    def _resume_stuck(self, loop_now: float) -> list[str]:
-        """Resume assigned input partitions left unfetched for UNFETCHED_S (:mod:`.partition_watch`);
-        the ones not fetched now, named."""
+    async def _resume_stuck(self, loop_now: float) -> list[str]:
+        """Resume assigned input partitions left unfetched for UNFETCHED_S (:mod:`.partition_watch`),
+        seeking each to its committed offset (or the start) so its fetching begins again; the ones not
+        fetched now, named."""
         consumer = self.app.consumer
         inputs = {self.events_topic.get_topic_name(), self.scheduler_topic.get_topic_name()}
         try:
             assigned = {tp for tp in consumer.assignment() if tp.topic in inputs}
         except Exception:                        # consumer not started, or stopping
             return []
+        never = set()
+        for tp in assigned:
+            try:
+                if consumer.highwater(tp) is None:
+                    never.add(tp)
+            except Exception:
+                continue
         stuck = unfetched(assigned, getattr(consumer, "_paused_partitions", None) or (),
                           getattr(consumer, "_active_partitions", None),
-                          getattr(consumer, "_buffered_partitions", None) or ())
+                          getattr(consumer, "_buffered_partitions", None) or (), never)
         due = self._stuck.update(stuck, loop_now)
         if due:
             log.warning("input partition(s) %s assigned but not fetched for %g s: resuming them",
                         ", ".join(f"{tp.topic}[{tp.partition}]" for tp in due), UNFETCHED_S)
             consumer.resume_partitions(due)
+            committed = getattr(consumer, "_committed_offset", {}) or {}
+            for tp in due:
+                pos = self._positions.get((tp.topic, tp.partition), committed.get(tp))
+                try:
+                    await consumer.seek(tp, pos if isinstance(pos, int) and pos >= 0 else 0)
+                except Exception as exc:         # revoked meanwhile: its new owner reads it
+                    log.warning("seeking %s[%d] failed: %s", tp.topic, tp.partition, exc)
             self.counts["partitions_resumed"] += len(due)
         return [f"{tp.topic}[{tp.partition}]" for tp in sorted(stuck)]
 
@@ -632,7 +647,7 @@ class Correlator:
             self.health.not_ready("rebalancing")
         elif getattr(self.app, "in_recovery", False):
             self.health.not_ready("recovering the table from its changelog")
-        elif unread := self._resume_stuck(loop_now):
+        elif unread := await self._resume_stuck(loop_now):
             self.health.not_ready(f"assigned input partition(s) not read: {', '.join(unread)}")
         else:
             self.health.ready()                  # timers run only once the app has started

@@ -2,8 +2,9 @@
 
 Faust pauses a worker's input partitions while it recovers its tables and resumes them when
 recovery completes, unless a newer rebalance began meanwhile: then its recovery returns early
-and the partitions can stay paused. Nothing reads them, no fetch reports their high watermark
-(so the lag metric is silent), and the workloads there never get a final. The correlator's
+and the partitions can stay paused. And after a restart, partitions that had no committed
+offset yet were seen never fetched at all. Nothing reads them, no fetch reports their high
+watermark (so the lag metric is silent), and the workloads there never get a final. The correlator's
 health timer asks :func:`unfetched` which assigned partitions are not fetched and resumes the
 ones :class:`StuckPartitions` says have waited long enough; readiness names them meanwhile.
 """
@@ -14,12 +15,15 @@ from typing import Any
 
 
 def unfetched(assigned: Iterable[Any], paused: Iterable[Any], active: Iterable[Any] | None,
-              buffered: Iterable[Any]) -> set[Any]:
-    """Assigned partitions the consumer does not fetch: paused, or out of the active set with no
-    full buffer to explain it (``active`` None: the consumer has not built that set yet)."""
-    paused, buffered = set(paused), set(buffered)
+              buffered: Iterable[Any], never_fetched: Iterable[Any] = ()) -> set[Any]:
+    """Assigned partitions the consumer does not fetch: paused, out of the active set with no full
+    buffer to explain it (``active`` None: the consumer has not built that set yet), or never fetched
+    at all (no fetch ever reported their high watermark: seen after a restart for partitions that had
+    no committed offset yet)."""
+    paused, buffered, never = set(paused), set(buffered), set(never_fetched)
     active = None if active is None else set(active)
-    return {tp for tp in assigned if tp in paused or (active is not None and tp not in active and tp not in buffered)}
+    return {tp for tp in assigned if tp in paused or tp in never
+            or (active is not None and tp not in active and tp not in buffered)}
 
 
 class StuckPartitions:

@@ -24,3 +24,9 @@ def test_a_partition_is_resumed_once_unfetched_long_enough_then_watched_again():
     assert watch.update({S0}, now=24) == []                  # S0's clock started again at 15
     assert watch.update({S0}, now=25) == [S0]
     assert watch.update(set(), now=26) == [] and watch.update({S0}, now=30) == []
+
+
+def test_a_partition_no_fetch_ever_reported_is_unfetched():
+    assigned = {E0, E1, S0}
+    assert unfetched(assigned, paused=(), active=assigned, buffered=(), never_fetched={E1}) == {E1}
+    assert unfetched(assigned, paused=(), active=assigned, buffered=(), never_fetched={TP("other", 3)}) == set()
