@@ -126,8 +126,7 @@ def main() -> int:
                         if v is None:
                             continue
                         have = best[side].get(label)
-                        better = (v < have) if kind == "time" else (v > have)
-                        if have is None or better:
+                        if have is None or ((v < have) if kind == "time" else (v > have)):
                             best[side][label] = v
             for label, _, kind in metrics:
                 a, b = best["rev"].get(label), best["tree"].get(label)
