@@ -130,7 +130,7 @@ def main() -> int:
                             best[side][label] = v
             for label, _, kind in metrics:
                 a, b = best["rev"].get(label), best["tree"].get(label)
-                ratio = (b / a if kind == "time" else b / a) if a and b else None
+                ratio = b / a if a and b else None
                 rows.append({"bench": name, "metric": label, "rev": a, "tree": b, "ratio_tree_over_rev": ratio,
                              "better": None if ratio is None else (ratio < 1 if kind == "time" else ratio > 1)})
         load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []

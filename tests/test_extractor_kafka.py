@@ -155,6 +155,13 @@ def test_a_batch_whose_output_was_not_delivered_is_read_again_not_committed(stre
     assert w.metrics.kafka_errors._value.get() == 1
 
 
+def _step_until(worker: ExtractorWorker, done, within_s: float = 120.0) -> None:
+    """Turn the worker's loop until ``done()`` (a bound for a stuck run, not a timing)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and not done():
+        worker.step(timeout=0.5)
+
+
 def test_a_member_that_leaves_with_lines_held_loses_none_of_them(stream_cfg):
     """Lines wait for their workload's start (a new member's timeline is still catching up, or the
     scheduler connector polls): the commit stays below them, so when the member leaves its
@@ -171,9 +178,7 @@ def test_a_member_that_leaves_with_lines_held_loses_none_of_them(stream_cfg):
     prod.flush(10)
     first = ExtractorWorker(cfg)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and first.core.counters.records < 3:
-            first.step(timeout=0.5)
+        _step_until(first, lambda: first.core.counters.records >= 3)
         assert len(first.core.held) == 1 and first.core.held[0].at is not None
         part, off = first.core.held[0].at
         committed = first.consumer.committed([TopicPartition(cfg.topic("raw"), part)], 10)
@@ -187,9 +192,7 @@ def test_a_member_that_leaves_with_lines_held_loses_none_of_them(stream_cfg):
     prod.flush(10)
     second = ExtractorWorker(cfg)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and second.core.counters.events < 1:
-            second.step(timeout=0.5)
+        _step_until(second, lambda: second.core.counters.events >= 1)
     finally:
         second.close()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from firstfault.rules.engine import analyze_path
 from firstfault.streams import runfile
+from firstfault.streams.up import InFlight
 from stream_pipeline import start_up
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +112,23 @@ def test_up_is_found_with_nothing_set_and_says_ready_only_once_the_groups_are_jo
     assert gone.returncode == 2 and gone.stderr.strip() == f"firstfault: {runfile.NO_BROKER}"
 
 
+def _first_record(bootstrap: str, topic: str, within_s: float = 120.0) -> bool:
+    """A record has reached ``topic`` (all partitions read from the start), within a bound."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex[:8]}"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if any(m.error() is None for m in c.consume(num_messages=10, timeout=0.5)):
+                return True
+        return False
+    finally:
+        c.close()
+
+
 def test_when_its_broker_dies_up_says_what_was_lost_cleans_up_and_a_shipment_fails_at_once(tmp_path):
     env = base_env(tmp_path)
     (tmp_path / "tmp").mkdir()
@@ -125,10 +143,14 @@ def test_when_its_broker_dies_up_says_what_was_lost_cleans_up_and_a_shipment_fai
         assert list((tmp_path / "tmp").glob("firstfault-up-*"))             # its run directory, while it runs
         broker_pid = int(re.search(r"embedded Tansu pid (\d+)", text).group(1))
         # A shipment in flight, paced so it is still sending when the broker dies.
-        shipping = subprocess.Popen([sys.executable, "-m", "firstfault", "ship", "--rate", "100",
+        shipping = subprocess.Popen([sys.executable, "-m", "firstfault", "ship", "--rate", "50",
                                      str(ROOT / "samples" / "cuda-oom-one-rank")], env=env, cwd=tmp_path,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(6.0)                       # past InFlight's first look at the workers' metrics
+        # Once its first lines are on the broker (however long the start took), it keeps sending for
+        # about 19 s; `up` looked at the workers' metrics at "ready" and looks every 5 s.
+        info = runfile.read(run_file)
+        assert info is not None and _first_record(info.bootstrap, f"{tag}.raw"), "the shipment never started"
+        time.sleep(InFlight.EVERY_S + 1)
         os.kill(broker_pid, signal.SIGKILL)
         assert proc.wait(60) == 1
         _, ship_err = shipping.communicate(timeout=60)
