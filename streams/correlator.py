@@ -36,6 +36,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -270,7 +271,11 @@ class Correlator:
 
     def _saw(self, message: Any, topic: str) -> None:
         self.metrics.consumed.labels("correlator", topic).inc()
-        self._positions[(message.topic, message.partition)] = message.offset + 1
+        # Past the highest offset handled, not the last: a window's batches are merged workload by
+        # workload, so they are handled out of offset order (the extractors' progress counts on this).
+        key = (message.topic, message.partition)
+        if message.offset + 1 > self._positions.get(key, 0):
+            self._positions[key] = message.offset + 1
         if message.timestamp and message.timestamp > 0:
             self.stream_ms = max(self.stream_ms, int(message.timestamp * 1000))
 
@@ -697,6 +702,16 @@ class Correlator:
             self._last_stats = loop_now
             log.info("correlator: %d attempts in state, stream time %s, %s", len(self.table.data),
                      self.now().stream, dict(sorted(self.counts.items())))
+            if self._awaiting:                   # why the oldest wait goes on: what the extractors said last
+                key = min(self._awaiting)
+                cached, raw = self._parsed.get(key), self.table.data.get(key)
+                st = (cached[1] if cached is not None and cached[0] is raw else
+                      None if raw is None else WorkloadState.model_validate_json(state_codec.decode(raw)))
+                if st is not None:
+                    now_ms = int(time.time() * 1000)
+                    log.info("correlator: %d attempts await the extractors, e.g. %s (events[%s] read to %s): %s",
+                             len(self._awaiting), key, st.partition, self._events_position(st.partition),
+                             "; ".join(self.progress.describe(p, now_ms) for p in self.behind(st)))
 
 
 def _decision_mark(st: WorkloadState) -> tuple:

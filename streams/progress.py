@@ -183,6 +183,14 @@ class ProgressView:
             found.append(j)
         return rows[min(found)] if found else None
 
+    def describe(self, p: int, now_ms: int) -> str:
+        """Partition ``p``'s latest report in a few words, for a log line on an attempt still waiting."""
+        rep = self.latest.get(p)
+        if rep is None:
+            return f"raw[{p}]: no report"
+        return (f"raw[{p}]: {rep.worker} at {rep.position} of {rep.high}, {'fresh' if rep.fresh else 'not fresh'}, "
+                f"{(now_ms - rep.ts_ms) / 1000:.1f} s ago, {len(rep.held)} held, events_end {rep.events_end}")
+
     def behind(self, since_ms: int, events_partition: int | None, events_position: int | None,
                keys: frozenset[str] = frozenset(), end_ms: int | None = None) -> list[int]:
         """Raw partitions not yet shown read past the attempt's end (``end_ms``: its end record's time
