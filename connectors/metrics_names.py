@@ -13,7 +13,8 @@ Who exports what (``EXPORTED_BY`` below says the same for tests):
   ``DEADLETTER``, ``POISON_RECORDS``, ``PUBLISH_ERRORS`` (producer delivery failures, ``sink="kafka"``);
 * the correlator (``streams/correlator.py``): ``CONSUMER_LAG``, ``RECORDS_CONSUMED``,
   ``DEADLETTER``, ``POISON_RECORDS``, ``STREAM_DIAGNOSES``, ``FINALIZATION_LATENCY``, ``WORKLOADS_OPEN``,
-  ``WORKLOADS_AWAITING_EXTRACTORS``, ``PUBLISH_ERRORS`` (``sink`` kafka or redis);
+  ``WORKLOADS_AWAITING_EXTRACTORS``, ``PUBLISH_ERRORS`` (``sink`` kafka or redis), ``PARTITION_UNREAD``
+  (every partition of its inputs and of the raw topic, owned by anyone or by nobody);
 * the scheduler connectors (``slurm.py``, ``kubernetes.py``): ``SCHEDULER_EVENTS``,
   ``CONNECTOR_ERRORS``, ``CONNECTOR_LAST_SUCCESS``;
 * the alerting sink (``sinks/alerts.py``): ``ALERT_*``, ``ALERTS_*``;
@@ -49,6 +50,9 @@ PUBLISH_ERRORS = "firstfault_publish_errors_total"                    # counter:
 POISON_RECORDS = "firstfault_poison_records_total"                    # counter: worker, stage (POISON_STAGES)
 # Ended attempts past their grace whose final waits for the extractors to read the raw topic that far.
 WORKLOADS_AWAITING_EXTRACTORS = "firstfault_workloads_awaiting_extractors"   # gauge
+# Per partition of the correlator's inputs and of the raw topic: how long records have waited there while
+# its readers (the group's committed offset, the extractors' reported position) did not move: 0 while read.
+PARTITION_UNREAD = "firstfault_partition_unread_seconds"              # gauge: topic, partition
 # The rule catalog a worker runs (streams/rules_feed.py): 1 on its current version; catalogs it refused.
 RULES_VERSION_INFO = "firstfault_rules_version_info"                  # gauge: worker, rules_version
 RULES_LOAD_FAILURES = "firstfault_rules_load_failures_total"          # counter: worker
@@ -76,7 +80,7 @@ EXPORTED_BY: dict[str, tuple[str, ...]] = {
                   RULES_VERSION_INFO, RULES_LOAD_FAILURES),
     "correlator": (CONSUMER_LAG, RECORDS_CONSUMED, DEADLETTER, POISON_RECORDS, STREAM_DIAGNOSES,
                    FINALIZATION_LATENCY, WORKLOADS_OPEN, WORKLOADS_AWAITING_EXTRACTORS, PUBLISH_ERRORS,
-                   RULES_VERSION_INFO, RULES_LOAD_FAILURES),
+                   PARTITION_UNREAD, RULES_VERSION_INFO, RULES_LOAD_FAILURES),
     "slurm": (SCHEDULER_EVENTS, CONNECTOR_ERRORS, CONNECTOR_LAST_SUCCESS),
     "kubernetes": (SCHEDULER_EVENTS, CONNECTOR_ERRORS, CONNECTOR_LAST_SUCCESS),
     "alerts": (ALERT_QUEUE_DEPTH, ALERT_OLDEST_AGE, ALERTS_SENT, ALERT_ATTEMPT_FAILURES, ALERTS_DROPPED, ALERTS_SKIPPED),

@@ -60,6 +60,7 @@ from .codecs import decode_batch, decode_scheduler
 from .config import StreamConfig
 from .health import Health, LagSeries, RulesMetrics, port_from_env
 from .partition_watch import StuckPartitions, unfetched
+from .unread import UnreadWatch
 from .progress import ProgressView
 from .rules_feed import RulesFollower
 from .workload_state import (
@@ -82,6 +83,7 @@ HEALTH_EVERY_S = 2.0          # the health timer: heartbeat, readiness; lag ever
 LAG_EVERY_S = 5.0
 STALE_AFTER_S = 60.0          # /healthz: the event loop did not run the health timer for this long
 STARTUP_S = 900.0             # Faust starts timers only once the table is recovered: allow for that
+UNREAD_S = 30.0              # a partition of the inputs unread this long makes the worker not ready
 UNFETCHED_S = 10.0            # an assigned input partition left paused this long past a rebalance is resumed
 
 
@@ -113,6 +115,8 @@ class Metrics:
                          ["worker", "topic", "partition"], registry=r)
         self.poison = PCounter(M.base_name(M.POISON_RECORDS), "records a worker could not use, by where it failed",
                                ["worker", "stage"], registry=r)
+        self.unread = Gauge(M.PARTITION_UNREAD, "seconds records have waited on a partition its readers did "
+                            "not advance on (0: read)", ["topic", "partition"], registry=r)
         self.awaiting = Gauge(M.WORKLOADS_AWAITING_EXTRACTORS,
                               "ended attempts past their grace waiting for the extractors' progress", registry=r)
         # Series with fixed labels exist from the start (0), so a query or an alert ratio has them.
@@ -163,6 +167,9 @@ class Correlator:
         self._failing: dict[str, Any] = {}       # key -> the raw state decide raised on (not retried as is)
         self._tick_cursor = 0                     # where the next tick starts among the states
         self._stuck = StuckPartitions(UNFETCHED_S)   # assigned input partitions not fetched, and since when
+        self._unread = UnreadWatch()              # any partition of the inputs or raw its readers left
+        self._unread_names: dict[tuple[str, int], str] = {}   # (topic, partition) -> "events[1]"
+        self._watch: Any = None                   # the consumer that looks (never joins the group)
         self.rules = RulesFollower(cfg, "correlator", catalog, RulesMetrics(self.metrics.registry))
 
     # ------------------------------------------------------------ clocks and table
@@ -654,11 +661,60 @@ class Correlator:
             self.health.not_ready("recovering the table from its changelog")
         elif unread := await self._resume_stuck(loop_now):
             self.health.not_ready(f"assigned input partition(s) not read: {', '.join(unread)}")
+        elif unowned := self._unread.unread(loop_now, UNREAD_S):
+            self.health.not_ready("input partition(s) nobody reads: records wait and the group committed nothing "
+                                  f"for {UNREAD_S:g} s: {', '.join(self._unread_names.get(k, str(k)) for k in unowned)}")
         else:
             self.health.ready()                  # timers run only once the app has started
-        if self.health.is_ready and loop_now >= self._lag_due:
+        if loop_now >= self._lag_due and not getattr(self.app, "rebalancing", False):
             self._lag_due = loop_now + LAG_EVERY_S
-            await self.refresh_lag()
+            if self.health.is_ready:
+                await self.refresh_lag()
+            await self.refresh_unread(loop_now)
+
+    async def refresh_unread(self, loop_now: float) -> None:
+        """PARTITION_UNREAD for every partition of the inputs (against the group's committed offsets) and
+        of the raw topic (against the extractors' reported positions), whoever owns it (:mod:`.unread`)."""
+        try:
+            looks = await asyncio.to_thread(self._look_unread)
+        except Exception as exc:                 # the broker, not the data: the next look tries again
+            log.debug("unread partitions not looked at: %s", exc)
+            return
+        own = (self.events_topic.get_topic_name(), self.scheduler_topic.get_topic_name())
+        for (topic, partition), (done, high) in looks.items():
+            self._unread.look((topic, partition), done, high, loop_now)
+        self._unread.forget(set(looks))
+        names = {self.cfg.topic(n): n for n in ("events", "scheduler", "raw")}
+        self._unread_names = {key: f"{names.get(key[0], key[0])}[{key[1]}]" for key in looks}
+        for (topic, partition), seconds in self._unread.seconds(loop_now).items():
+            self.metrics.unread.labels(names.get(topic, topic), str(partition)).set(round(seconds, 1))
+        for key in self._unread.unread(loop_now, UNREAD_S):
+            if key[0] not in own:                # the raw topic: the extractors' group, said in the log
+                log.warning("%s: records wait and no extractor's reported position moved for %g s or more",
+                            self._unread_names[key], UNREAD_S)
+
+    def _look_unread(self) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+        """Blocking (a thread): (topic, partition) -> (what its readers did, its high watermark)."""
+        from confluent_kafka import TopicPartition
+
+        from . import kafka
+
+        if self._watch is None:                  # group id = ours, to read its commits; it never subscribes
+            self._watch = kafka.consumer(self.cfg, group=self.cfg.app_id, **{"enable.auto.commit": False})
+        meta = self._watch.list_topics(timeout=2.0).topics
+        own = [self.events_topic.get_topic_name(), self.scheduler_topic.get_topic_name()]
+        parts = [TopicPartition(t, p) for t in own if t in meta for p in sorted(meta[t].partitions)]
+        out: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+        for tp in self._watch.committed(parts, timeout=2.0) if parts else []:
+            out[(tp.topic, tp.partition)] = (tp.offset if tp.offset >= 0 else None, None)
+        raw = self.cfg.topic("raw")
+        for p in sorted(meta[raw].partitions) if raw in meta else []:
+            rep = self.progress.latest.get(p)
+            out[(raw, p)] = (rep.position if rep is not None else None, None)
+        for (topic, partition), (done, _) in list(out.items()):
+            _, high = self._watch.get_watermark_offsets(TopicPartition(topic, partition), timeout=2.0, cached=False)
+            out[(topic, partition)] = (done, high)
+        return out
 
     async def refresh_lag(self) -> None:
         """CONSUMER_LAG per assigned input partition: high watermark minus the next offset to process.

@@ -2,6 +2,7 @@
 from faust.types import TP
 
 from firstfault.streams.partition_watch import StuckPartitions, unfetched
+from firstfault.streams.unread import UnreadWatch
 
 E0, E1, S0 = TP("p.events", 0), TP("p.events", 1), TP("p.scheduler", 0)
 
@@ -30,3 +31,23 @@ def test_a_partition_no_fetch_ever_reported_is_unfetched():
     assigned = {E0, E1, S0}
     assert unfetched(assigned, paused=(), active=assigned, buffered=(), never_fetched={E1}) == {E1}
     assert unfetched(assigned, paused=(), active=assigned, buffered=(), never_fetched={TP("other", 3)}) == set()
+
+
+def test_a_partition_is_unread_while_records_wait_and_its_readers_do_not_move():
+    w = UnreadWatch()
+    w.look("raw0", done=None, high=0, now=0.0)            # empty: nothing waits
+    w.look("raw1", done=5, high=5, now=0.0)               # read to its end
+    assert w.seconds(0.0) == {"raw0": 0.0, "raw1": 0.0}
+    w.look("raw0", done=None, high=3, now=1.0)            # three records, nobody ever read it
+    w.look("raw1", done=5, high=9, now=1.0)
+    w.look("raw0", done=None, high=3, now=40.0)
+    w.look("raw1", done=8, high=9, now=40.0)              # its reader moved: the wait starts again
+    assert w.seconds(40.0) == {"raw0": 39.0, "raw1": 0.0}
+    assert w.unread(40.0, after_s=30.0) == ["raw0"]
+    w.look("raw1", done=8, high=9, now=80.0)              # ... and then stopped
+    assert w.unread(80.0, after_s=30.0) == ["raw0", "raw1"]
+    w.look("raw0", done=3, high=3, now=81.0)              # read at last
+    w.look("raw1", done=8, high=None, now=81.0)           # an unknown high says nothing
+    assert w.seconds(81.0) == {"raw0": 0.0, "raw1": 41.0}
+    w.forget({"raw0"})
+    assert w.seconds(81.0) == {"raw0": 0.0}

@@ -204,7 +204,7 @@ def test_correlator_exports_its_metrics_and_answers_the_probes(kafka_bootstrap, 
     tag = unique_name("cm")
     cfg = StreamConfig(bootstrap=kafka_bootstrap, prefix=f"{tag}.", partitions=2, grace_s=3600, grace_cap_s=1.0,
                        lateness_s=3600, app_id=f"{tag}-correlator")
-    kafka.ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter")])
+    kafka.ensure_topics(cfg, [cfg.topic(n) for n in ("events", "scheduler", "diagnoses", "deadletter", "raw")])
     bundle = open_bundle(SAMPLES / "worked-example")
     wl = bundle.workload
     events = [e.to_schema() for e in analyze_bundle(bundle, load_catalog(), keep_events=True).events]
@@ -218,6 +218,9 @@ def test_correlator_exports_its_metrics_and_answers_the_probes(kafka_bootstrap, 
         workload_id=wl.workload_id, attempt=wl.attempt, events=events, paths=[f.path for f in bundle.files])))
     prod.produce(cfg.topic("scheduler"), key=key, value=encode(SchedulerEvent(type="end", workload=wl,
                                                                                 ts=wl.end_time)))
+    # Lines on raw[0] and no extractor at all: a partition nobody reads.
+    for i in range(3):
+        prod.produce(cfg.topic("raw"), key=b"node-01", value=f"line {i}".encode(), partition=0)
     assert prod.flush(10) == 0
 
     port = free_port()
@@ -239,6 +242,14 @@ def test_correlator_exports_its_metrics_and_answers_the_probes(kafka_bootstrap, 
                     and {("events", "0"), ("events", "1"), ("scheduler", "0"), ("scheduler", "1")} <= set(lags)
                     and not any(lags.values()))
         assert wait_for(settled, 30), (scrape(base), logs())
+
+        def unread() -> dict[tuple[str, str], float]:
+            return {(lab["topic"], lab["partition"]): v for lab, v in scrape(base).get(M.PARTITION_UNREAD, [])}
+        # Two looks at least (every 5 s): the raw partition's wait grows, every other partition is read.
+        assert wait_for(lambda: unread().get(("raw", "0"), 0) > 0, 30), (unread(), logs())
+        seen = unread()
+        assert {k for k, v in seen.items() if v > 0} == {("raw", "0")}, seen
+        assert {("events", "0"), ("events", "1"), ("scheduler", "0"), ("scheduler", "1"), ("raw", "1")} <= set(seen)
         s = scrape(base)
         assert get(base + "/healthz")[0] == 200 and get(base + "/readyz") == (200, "ready\n")
     finally:
