@@ -59,6 +59,7 @@ from .timeline import Allocation, AllocationTimeline
 
 log = logging.getLogger("firstfault.extractor")
 NODE_SCOPED = ("syslog", "fabricmanager")
+CONTEXT_RECORDS = 4096        # records re-read before a taken-over partition's committed offset, for context
 LAG_EVERY_S = 5.0             # consumer lag is recomputed at most this often
 STALE_AFTER_S = 120.0         # /healthz: a loop turn may take a 30 s flush and a commit; this is stuck
 HELD_NAMED = 1000             # progress reports name at most this many attempts and hosts with held lines
@@ -271,6 +272,23 @@ class ExtractorCore:
                 self._failed(exc, "encode" if isinstance(exc, Unencodable) else "extract", rec)
         self._drain_metrics(fed, out)
         return self._batches(out, paths)
+
+    def remember_context(self, records: list[tuple[RawLine, int]], now: float | None = None) -> None:
+        """Lines a previous owner of their partition extracted already, read again for what the lines
+        after them see (stamps inherited from the lines above, a file's lines above a match, the
+        node-scoped lines a workload that starts later is given): remembered as ``handle`` would, never
+        extracted, routed or counted."""
+        now = time.monotonic() if now is None else now
+        for rec, ts_ms in records:
+            if (rec.source or source_of(rec.path)) == "metrics":
+                continue
+            key = _mem_key(rec)
+            try:
+                if not rec.workload_id:
+                    self._remember(rec, ts_ms, now, candidate=bool(self.prefilter.scan(line_bytes(rec))))
+            except Exception:                    # context only: a line it cannot read is just not remembered
+                continue
+            self.memory.add(key, rec.line, rec.text)
 
     def _scan(self, encoded: list[bytes]) -> list:
         """Prefilter hits per line (anchor ids or None); False for a line the prefilter raised on."""
@@ -605,6 +623,7 @@ class ExtractorWorker:
         self._lag_due = 0.0
         self._joined = False               # the group assigned this member its partitions (maybe none)
         self._fresh = True                 # the last consume drained what was fetched (progress.py)
+        self._context_until: dict[int, int] = {}   # raw partition -> its committed offset: below, context only
         self._brokers_down = False
         self._delivery_log_due = 0.0
         self._failed_deliveries = 0        # producer records the broker refused for now (retriable), ever
@@ -789,6 +808,8 @@ class ExtractorWorker:
         # Fewer than asked: what the consumer had fetched is drained, so its fetch high watermarks are
         # recent; a full batch means a backlog, whose highs can be many seconds old (progress.py).
         self._fresh = len(msgs) < self.cfg.batch
+        if self._context_until:
+            msgs = self._read_context(msgs)
         good = [m for m in msgs if m.error() is None]
         if len(good) != len(msgs):
             for m in msgs:
@@ -832,6 +853,51 @@ class ExtractorWorker:
         self.report_progress()
         self.after_step()
         return len(msgs)
+
+    def _read_context(self, msgs: list) -> list:
+        """The records before a taken-over partition's committed offset (``_prime``) go to the context
+        only; the rest, returned, are this member's to extract and commit."""
+        context, rest = [], []
+        for m in msgs:
+            until = self._context_until.get(m.partition()) if m.error() is None else None
+            if until is None:
+                rest.append(m)
+                continue
+            if m.offset() + 1 >= until:
+                del self._context_until[m.partition()]
+            if m.offset() >= until:
+                rest.append(m)
+                continue
+            try:
+                context.append((decode_raw(m.value(), m.key(), m.headers(), m.offset()), m.timestamp()[1]))
+            except Exception:                    # refused when its owner read it: nothing to remember
+                continue
+        self.core.remember_context(context)
+        return rest
+
+    def _prime(self, consumer, partitions) -> None:
+        """A partition taken over mid-stream starts CONTEXT_RECORDS before its committed offset, so the
+        lines after that offset are read with what was above them, as by the member that had it (a
+        line extracted without it can inherit another stamp and make another event)."""
+        try:
+            committed = consumer.committed(partitions, timeout=5.0)
+        except KafkaException as exc:
+            log.warning("committed offsets not known at assignment, reading without context: %s", exc)
+            return
+        moved = False
+        for tp in committed:
+            if tp.offset <= 0:
+                continue
+            try:
+                low, _ = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2.0)
+            except KafkaException:
+                low = 0
+            start = max(low if low is not None and low >= 0 else 0, tp.offset - CONTEXT_RECORDS)
+            if start < tp.offset:
+                self._context_until[tp.partition] = tp.offset
+                tp.offset, moved = start, True
+        if moved:
+            consumer.assign(committed)
 
     def _note_offsets(self, msgs) -> None:
         """Replay's time index: the first message of each (partition, hour) in the batch is the one
@@ -1045,12 +1111,15 @@ class ExtractorWorker:
         self._lag_due = 0.0                      # show the new partitions' lag at the next turn
         self._progress_due = 0.0
         self.progress.assigned(tp.partition for tp in partitions)
+        self._prime(_consumer, partitions)
         self._readiness()
         log.info("assigned %d partition(s) of %s", len(partitions), self.cfg.topic("raw"))
 
     def _revoked(self, _consumer, partitions) -> None:
         self._joined = False
         self.progress.revoked(tp.partition for tp in partitions)
+        for tp in partitions:
+            self._context_until.pop(tp.partition, None)
         self._readiness()
 
     def _kafka_error(self, err: KafkaError) -> None:

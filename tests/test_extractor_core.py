@@ -180,3 +180,40 @@ def test_the_core_names_what_waits_for_a_start_event_until_it_comes():
     core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
     core.retry_held()
     assert core.waiting_for() == set()
+
+
+def _split_run(sample, k: int, context: bool) -> list:
+    """The sample's lines read by one core up to ``k`` and by a successor after it (as when a member
+    dies and another takes its partition over from the committed offset ``k``), given the lines
+    before ``k`` as context or not: every event either delivered, merged."""
+    wl, records = bundle_records(sample)
+    recs = [r for _, r in records]
+    ts = int(wl.start_time.timestamp() * 1000)
+    events = EventSet()
+    cores = []
+    for _ in range(2):
+        core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+        core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+        cores.append(core)
+    first, successor = cores
+    for b in first.handle([(r, ts) for r in recs[:k]]).values():
+        events.update(Ev.from_schema(e) for e in b.events)
+    if context:
+        successor.remember_context([(r, ts) for r in recs[:k]])
+    for b in successor.handle([(r, ts) for r in recs[k:]]).values():
+        events.update(Ev.from_schema(e) for e in b.events)
+    return [e.to_schema() for e in events.sorted()]
+
+
+@pytest.mark.parametrize("sample", sample_dirs(), ids=lambda p: p.name)
+def test_a_successor_given_the_lines_before_its_offset_extracts_what_one_reader_would(sample):
+    whole = _split_run(sample, 0, context=False)
+    n = len(bundle_records(sample)[1])
+    for k in range(1, n, max(1, n // 25)):
+        assert _split_run(sample, k, context=True) == whole, k
+
+
+def test_without_the_lines_before_its_offset_a_successor_makes_other_events():
+    sample = next(p for p in sample_dirs() if p.name == "worked-example")
+    # Line 200 of the bundle is inside node-01's application log: what follows inherits from above it.
+    assert _split_run(sample, 200, context=False) != _split_run(sample, 0, context=False)

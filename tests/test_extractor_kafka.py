@@ -16,6 +16,7 @@ from firstfault.schemas.avro import encode
 from firstfault.streams import kafka
 from firstfault.streams.codecs import decode_batch
 from firstfault.streams.extractor import ExtractorWorker
+from conftest import sample_dirs
 from stream_pipeline import drain as _drain
 
 pytest_plugins = ["conftest_kafka"]
@@ -203,3 +204,63 @@ def test_a_member_that_leaves_with_lines_held_loses_none_of_them(stream_cfg):
     (batch,) = got
     assert [(e.kind, e.ref.line) for e in batch.events] == [("xid", 2)]
     assert batch.lines == [[0, 2, 2]]
+
+
+def test_a_successor_reads_the_lines_before_the_committed_offset_as_context_only(stream_cfg):
+    """A member dies at a committed offset in the middle of an application log; the member that takes
+    the partition over re-reads what was before that offset for context (stamps inherited from the
+    lines above) and extracts only what follows: together they deliver the events one reader would,
+    and the commit never goes back."""
+    from firstfault.connectors.shipper import bundle_records, start_record
+    from firstfault.streams.extractor import ExtractorCore
+
+    sample = next(p for p in sample_dirs() if p.name == "worked-example")
+    wl, records = bundle_records(sample)
+    recs = [r for _, r in records]
+    k = 200                                                # inside node-01's application log
+    cfg = stream_cfg
+    kafka.ensure_topics(cfg)
+    prod = kafka.producer(cfg)
+    start = SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time)
+    prod.produce(cfg.topic("scheduler"), key=wl.workload_id.encode(), value=encode(start))
+    raw = cfg.topic("raw")
+
+    def produce(part):
+        for rec in part:
+            prod.produce(raw, key=(rec.host or "").encode(), value=encode(rec), partition=0)
+        assert prod.flush(10) == 0
+
+    produce(recs[:k])
+    first = ExtractorWorker(cfg)
+    try:
+        _step_until(first, lambda: first.core.counters.records >= k)
+    finally:
+        first.close()
+    produce(recs[k:])
+    second = ExtractorWorker(cfg)
+    try:
+        _step_until(second, lambda: second.core.counters.records >= len(recs) - k)
+        assert second.core.counters.records == len(recs) - k          # the context is not extracted again
+        committed = second.consumer.committed([TopicPartition(raw, 0)], 10)[0].offset
+    finally:
+        second.close()
+    assert committed == len(recs)
+
+    one = ExtractorCore(cfg, load_catalog())
+    one.timeline.apply(start)
+    want = EventSet()
+    for b in one.handle([(r, 0) for r in recs]).values():
+        want.update(Ev.from_schema(e) for e in b.events)
+
+    def merged(msgs) -> list:
+        got = EventSet()
+        for m in msgs:
+            got.update(Ev.from_schema(e) for e in decode_batch(m.value()).events)
+        return [e.to_schema() for e in got.sorted()]
+
+    expected = [e.to_schema() for e in want.sorted()]
+    n_lines = sum(e.count for e in want.sorted())
+    # Read until the events carry as many lines as one reader's (more would be a duplicate), then compare.
+    msgs = _drain(cfg, cfg.topic("events"), lambda msgs: sum(e.count for e in map(Ev.from_schema, (
+        x for m in msgs for x in decode_batch(m.value()).events))) >= n_lines, timeout=60)
+    assert merged(msgs) == expected
