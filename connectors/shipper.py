@@ -1,4 +1,5 @@
-"""``firstfault ship PATH``: publish a bundle as a cluster would produce it.
+"""``firstfault ship PATH``: publish a bundle as a cluster would produce it. PATH is anything
+``analyze`` takes (a bundle, an archive, a bare log file or folder): the same intake reads it.
 
 The scheduler start goes first, then every host's lines on its key in order
 (Avro ``RawLine`` with the bundle path and line number, so references match the
@@ -16,9 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
-from firstfault.rules.bundle import open_bundle
 from firstfault.rules.errors import FirstfaultError
 from firstfault.rules.extract import Extractor, HostResolver, source_of
+from firstfault.rules.engine import intake_extra
+from firstfault.rules.intake import open_input
 from firstfault.rules.prefixes import read_head
 from firstfault.schemas import RawLine, SchedulerEvent, WorkloadRecord
 from firstfault.schemas.avro import encode
@@ -80,15 +82,24 @@ def names_workload(source: str, host: str | None, workload: WorkloadRecord) -> b
     return host not in workload.nodes
 
 
-def bundle_records(path: str | Path, only: Callable[[str], bool] | None = None
-                   ) -> tuple[WorkloadRecord, list[tuple[str, RawLine]]]:
-    """(workload, [(key, RawLine)]) in shipping order: file by file, line by line."""
-    bundle = open_bundle(path)
+def bundle_records(path: str | Path, only: Callable[[str], bool] | None = None,
+                   warn: Callable[[str], None] | None = None) -> tuple[WorkloadRecord, list[tuple[str, RawLine]]]:
+    """(workload, [(key, RawLine)]) in shipping order: file by file, line by line. ``path`` is what
+    ``analyze`` takes (a bundle, an archive, one log file, a folder of logs in any layout): the same
+    intake gives the same workload record, so the stream's diagnosis is analyze's; ``warn`` hears
+    of the files it skipped."""
+    intake = open_input(path)
+    for message in intake.warnings:
+        if warn is not None:
+            warn(message)
+    bundle = intake.bundle
     wl = bundle.workload
+    if extra := intake_extra(intake):
+        wl = WorkloadRecord.model_validate({**wl.model_dump(), **(wl.model_extra or {}), **extra})
     hosts = HostResolver(wl)
     out: list[tuple[str, RawLine]] = []
     for f in bundle.files:
-        source = source_of(f.path)
+        source = f.kind                      # from its path, else as the intake sniffed it
         if source is None or (only is not None and not only(f.path)):
             continue
         # Metrics samples name their hosts themselves; the file is the workload's.
@@ -115,13 +126,14 @@ def bundle_records(path: str | Path, only: Callable[[str], bool] | None = None
 
 def ship(path: str | Path, cfg: StreamConfig, rate: float | None = None, end: bool = True,
          progress: Callable[[int, int], None] | None = None, start: bool = True,
-         only: Callable[[str], bool] | None = None, gone: Callable[[], str | None] | None = None) -> ShipStats:
+         only: Callable[[str], bool] | None = None, gone: Callable[[], str | None] | None = None,
+         warn: Callable[[str], None] | None = None) -> ShipStats:
     """Publish the bundle; ``only`` selects files by path, ``start``/``end`` the scheduler events
     (a late file is shipped on its own with both off); ``gone``: why the broker is known to be gone
     (None while it is not), checked while waiting for confirmations (:func:`confirm`)."""
     from firstfault.connectors.sinks.offset_index import OffsetIndex
 
-    wl, records = bundle_records(path, only)
+    wl, records = bundle_records(path, only, warn)
     prod = kafka.producer(cfg)
     index = OffsetIndex.for_config(cfg)       # replay's time -> offset index (no-op without Redis)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from firstfault.schemas import Diagnosis, RawLine, WorkloadRecord
+from firstfault.schemas.workload import INTAKE_EXTRA
 
 from .bundle import Bundle, bundle_from_files, parse_workload
 from .errors import AnalysisTimeout, BundleError
@@ -65,12 +66,27 @@ def inventory_from_paths(workload: WorkloadRecord, paths: Iterable[str],
     return inv
 
 
+def intake_extra(intake: Intake) -> dict[str, Any]:
+    """What ``analyze`` knew of a bare input beyond its lines (the file kinds it sniffed, what it
+    inferred): ``ship`` puts it on the workload record so the stream diagnoses as ``analyze`` does."""
+    kinds = {f.path: f.source for f in intake.bundle.files if f.source and not source_of(f.path)}
+    facts = intake.facts()
+    return {INTAKE_EXTRA: {"kinds": kinds, "facts": facts}} if kinds or facts else {}
+
+
 def stream_inventory(workload: WorkloadRecord, paths: Iterable[str], metric_hosts: Iterable[str]) -> dict[str, Any]:
-    """The inventory from what the stream saw: paths (metrics files among them) and metric hosts."""
+    """The inventory from what the stream saw: paths (metrics files among them) and metric hosts,
+    and for a shipped bare input what its intake inferred (``intake_extra``)."""
     paths = list(paths)
     has_metrics = any(source_of(p) == "metrics" for p in paths)
-    return inventory_from_paths(workload, [p for p in paths if source_of(p) != "metrics"],
-                                set(metric_hosts) if has_metrics else None)
+    shipped = (workload.model_extra or {}).get(INTAKE_EXTRA)
+    shipped = shipped if isinstance(shipped, dict) else {}
+    kinds = shipped.get("kinds") if isinstance(shipped.get("kinds"), dict) else None
+    inventory = inventory_from_paths(workload, [p for p in paths if source_of(p) != "metrics"],
+                                     set(metric_hosts) if has_metrics else None, kinds=kinds)
+    if isinstance(shipped.get("facts"), dict):
+        inventory.update(shipped["facts"])
+    return inventory
 
 
 def _feeds(f, workload: WorkloadRecord, deadline: float | None = None, hosts: Any = None) -> bool:

@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .workload import WorkloadRecord
 
-SourceKind = Literal["app", "syslog", "fabricmanager", "scheduler", "metrics"]
+# "mixed": a file of no known kind (a bare log a user shipped, sniffed as analyze sniffs it): every
+# source's patterns apply to it, as offline.
+SourceKind = Literal["app", "syslog", "fabricmanager", "scheduler", "metrics", "mixed"]
 MAX_LONG = 2 ** 63 - 1                  # what an Avro long holds
 DEAD_LETTER_HEAD = 64 * 1024            # bytes of a refused record a dead letter carries at most
 

@@ -73,6 +73,10 @@ def _boot_utc(v: datetime) -> datetime:
 BootTime = Annotated[datetime, AfterValidator(_boot_utc)]
 
 
+# An extra key ``ship`` sets on the record of a bare input: the file kinds and facts its intake inferred.
+INTAKE_EXTRA = "firstfault_intake"
+
+
 class WorkloadRecord(BaseModel):
     """``workload.json``: what the scheduler knows of one workload attempt.
 
@@ -156,5 +160,8 @@ class WorkloadRecord(BaseModel):
         return None
 
     def canonical(self) -> dict[str, Any]:
-        """A stable JSON-able form used for content hashing."""
-        return self.model_dump(mode="json", exclude_none=False)
+        """A stable JSON-able form used for content hashing (what a shipped bare input's intake
+        inferred is left out: it is hashed with the inventory it lands in, as offline)."""
+        out = self.model_dump(mode="json", exclude_none=False)
+        out.pop(INTAKE_EXTRA, None)
+        return out

@@ -331,3 +331,24 @@ def test_every_kind_of_evidence_travels(parity_run, label):
     got = _bare(finals[0])
     differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
     assert not differ, f"{label}: the stream's diagnosis differs from analyze in {differ}"
+
+
+# ----------------------------------------------------------------- bare files (issue 25)
+
+BARE = ["corpus/real/ho-gsp-xid119-rpc-timeouts-a100-ogkm-446/input/dmesg.txt",      # a kernel log
+        "corpus/real/ho-hostoom-slurm-cgroup-oomkill-batch-arjuna-52/input/error_191.err"]   # a job's stderr
+
+
+def test_a_bare_file_ships_as_analyze_reads_it(running, tmp_path):
+    """`ship` takes what `analyze` takes: a log file with no workload.json is published with the
+    workload record `analyze` infers for it, and the stream's final diagnosis is analyze's."""
+    root = Path(__file__).resolve().parents[1]
+    expected = {}
+    for rel in BARE:
+        want = analyze_path(root / rel).diagnosis
+        expected[want.workload_id] = want
+        ship(root / rel, running)
+    got = read_finals(running, lambda out: set(out) >= set(expected))
+    for wid, want in expected.items():
+        assert wid in got, (wid, sorted(got))
+        assert _bare(got[wid][0]) == json.loads(want.to_json()), wid
