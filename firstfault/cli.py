@@ -10,9 +10,16 @@ from collections.abc import Sequence
 from firstfault.rules.bundle import ArchiveLimitError
 from firstfault.rules.errors import BundleError, CatalogError, FirstfaultError
 
+from .term import Printable, printable
+
 
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"FIRSTFAULT_{name}", default)
+
+
+def _say(message: str) -> None:
+    """One line on stderr; what it echoes (a file name, a workload id, an address) is shown escaped."""
+    print(printable(f"firstfault: {message}"), file=sys.stderr)
 
 
 def _size(text: str) -> int:
@@ -34,7 +41,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     try:
         # The archive cap: --max-archive-bytes, else FIRSTFAULT_MAX_ARCHIVE_BYTES, else 1 GiB.
         result = analyze_path(args.path, rules=args.rules, progress=bar, max_archive_bytes=args.max_archive_bytes,
-                              warn=lambda m: print(f"firstfault: warning: {m}", file=sys.stderr))
+                              warn=lambda m: _say(f"warning: {m}"))
     finally:
         bar.close()
     if args.json:
@@ -43,7 +50,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         st = result.stats
         stats = {"files": st.files, "lines": st.lines, "candidates": st.candidates,
                  "matched": st.matched, "unparsed": st.unparsed}
-        sys.stdout.write(summary(result.diagnosis, stats, color=sys.stdout.isatty()) + "\n")
+        out = getattr(sys.stdout, "wrapped", sys.stdout)       # the summary escapes itself, around its colours
+        out.write(summary(result.diagnosis, stats, color=out.isatty()) + "\n")
     return 0
 
 
@@ -119,12 +127,13 @@ def cmd_ship(args: argparse.Namespace) -> int:
     if not cfg.bootstrap:
         from firstfault.streams.runfile import NO_BROKER
 
-        print(f"firstfault: {NO_BROKER}", file=sys.stderr)
+        _say(NO_BROKER)
         return 2
     kafka.ensure_topics(cfg)
     bar = Bar("shipping", min_total=100_000)
     try:
-        stats = ship(args.path, cfg, rate=args.rate, end=not args.no_end, progress=bar, gone=_up_gone(args))
+        stats = ship(args.path, cfg, rate=args.rate, end=not args.no_end, progress=bar, gone=_up_gone(args),
+                     warn=lambda m: _say(f"warning: {m}"))
     finally:
         bar.close()
     summary = {"lines": stats.lines, "files": stats.files, "bytes": stats.bytes, "seconds": round(stats.seconds, 3),
@@ -223,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_analyze)
 
     p = sub.add_parser("ship", help="publish a bundle's lines and scheduler record to the raw topics")
-    p.add_argument("path", help="bundle directory, .tar.gz or .zip")
+    p.add_argument("path", help="what analyze takes: a bundle (directory, .tar.gz, .zip), a log file or a folder of logs")
     p.add_argument("--rate", type=float, help="lines per second (default: as fast as possible)")
     p.add_argument("--no-end", action="store_true", help="do not send the scheduler end event")
     p.add_argument("--json", action="store_true")
@@ -277,6 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    if not getattr(args, "json", False):
+        # Human text made elsewhere (diagnoses' table, replay's report, ship's and up's lines) carries
+        # ids and lines from the data: escaped on its way out. --json stays exactly what it was.
+        sys.stdout = Printable(stdout)
     try:
         if args.command in BROKER_COMMANDS:
             _connect(args)
@@ -284,26 +298,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArchiveLimitError as exc:
         raise_it = ("--max-archive-bytes or FIRSTFAULT_MAX_ARCHIVE_BYTES" if exc.limit == "bytes"
                     else "a smaller archive, or unpack it and pass the folder")
-        print(f"firstfault: unusable bundle: {exc}; to allow more, use {raise_it}", file=sys.stderr)
+        _say(f"unusable input: {exc}; to allow more, use {raise_it}")
         return 2
     except BundleError as exc:
-        print(f"firstfault: unusable bundle: {exc}", file=sys.stderr)
+        _say(f"unusable input: {exc}")
         return 2
     except CatalogError as exc:
-        print(f"firstfault: rule catalog error: {exc}", file=sys.stderr)
+        _say(f"rule catalog error: {exc}")
         return 2
     except FirstfaultError as exc:
-        print(f"firstfault: {exc}", file=sys.stderr)
+        _say(str(exc))
         return 2
     except BrokenPipeError:
         return 0
     except OSError as exc:              # unreadable input (permissions, a file vanished): not a crash
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"firstfault: cannot read {where}{exc.strerror or exc}", file=sys.stderr)
+        _say(f"cannot read {where}{exc.strerror or exc}")
         return 2
     except KeyboardInterrupt:
-        print("firstfault: interrupted", file=sys.stderr)
+        _say("interrupted")
         return 130
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 from firstfault.rules.summary import percent
 from firstfault.schemas import Diagnosis
 
+from .term import printable
+
 _BAR = {"attributed": "ATTRIBUTED", "ambiguous": "AMBIGUOUS", "unattributed": "UNATTRIBUTED",
         "no_failure": "NO FAILURE"}
 
@@ -51,11 +53,18 @@ def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
 
 
 def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str:
+    """Log lines, ids and file names are shown escaped (term.py): each line is made printable
+    as it is added, and only then are our own colours put around parts of it."""
     def c(text: str, code: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if color else text
+        return f"\033[{code}m{printable(text)}\033[0m" if color else printable(text)
+
+    out: list[str] = []
+
+    def add(*lines: str) -> None:
+        out.extend(printable(line) for line in lines)
 
     status_color = {"attributed": "1;31", "ambiguous": "1;33", "unattributed": "1;33", "no_failure": "1;32"}
-    out = [f"firstfault  {d.workload_id} (attempt {d.attempt})  terminal state: {d.terminal_state}", ""]
+    add(f"firstfault  {d.workload_id} (attempt {d.attempt})  terminal state: {d.terminal_state}", "")
     head = _BAR[d.status]
     if d.status == "attributed":
         head += f"  {d.domain} / {d.sub_domain}"
@@ -63,32 +72,32 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
         head += f"  {d.domain}: {len(d.candidates)} causes fit"
     out.append(c(head, status_color[d.status]))
     if d.summary:
-        out.extend(_wrap(d.summary, "  "))
+        add(*_wrap(d.summary, "  "))
     rc = d.root_cause
     if rc is not None:
         where = ", ".join(x for x in (rc.host and f"host {rc.host}", rc.gpu is not None and f"GPU {rc.gpu}",
                                       rc.rank is not None and f"rank {rc.rank}") if x)
-        out.append(f"  root cause  {rc.message}")
-        out.append(f"              {where}; logged {_when(rc)}" + (f", onset {_t(rc.onset)}" if rc.onset != rc.timestamp and rc.onset else ""))
-        out.append(f"              {rc.ref.path}:{rc.ref.line}")
-        out.append(f"              | {rc.text[:160]}")
+        add(f"  root cause  {rc.message}",
+            f"              {where}; logged {_when(rc)}" + (f", onset {_t(rc.onset)}" if rc.onset != rc.timestamp and rc.onset else ""),
+            f"              {rc.ref.path}:{rc.ref.line}",
+            f"              | {rc.text[:160]}")
     for cand in d.candidates:
-        out.append(f"  candidate   {cand.domain}/{cand.sub_domain} on {_hosts(cand.nodes)} "
-                   f"(explains {percent(cand.coverage)}): {cand.message}")
+        add(f"  candidate   {cand.domain}/{cand.sub_domain} on {_hosts(cand.nodes)} "
+            f"(explains {percent(cand.coverage)}): {cand.message}")
     line = f"  responsible {_hosts(d.responsible_nodes)}    suspect {_hosts(d.suspect_nodes)}"
     if d.candidates:
         # Nobody is responsible until the candidates are told apart, but each names its nodes.
         line += f"    candidates on {_hosts(sorted({n for cand in d.candidates for n in cand.nodes}))}"
-    out.append(line)
+    add(line)
     if d.status != "no_failure":
         total = sum(s.count for s in d.symptoms)
-        out.append(f"  coverage    {percent(d.symptom_coverage)} of symptom lines explained ({total:,} symptom lines)")
-    out.append("")
+        add(f"  coverage    {percent(d.symptom_coverage)} of symptom lines explained ({total:,} symptom lines)")
+    add("")
     timeline = []
     root_at = (rc.onset or rc.timestamp or "") if rc is not None else ""
     if rc is not None:
         timeline.append((root_at, 0, _when(rc) if rc.time_basis != "stamped" else _t(root_at), rc.host or "-",
-                         c("ROOT ", "1") + f"{rc.kind}: {rc.message}"))
+                         f"{rc.kind}: {rc.message}"))
     for s in d.symptoms:
         # An echo never sorts before its cause: an explained symptom whose (inherited) stamp is
         # earlier is shown right after the root, its time marked as a lower bound.
@@ -97,31 +106,32 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
         label = (f"≥{_t(at)}" if at else "(no time)") if early else _t(at)
         timeline.append((root_at if early else at, 1, label, _hosts(s.hosts, 2), f"{s.kind} ×{s.count}"))
     if timeline:
-        out.append("Timeline (first events, by onset; ≥ a lower bound, the time of the stamped line above)")
-        for stamp, _rank, label, host, what in sorted(timeline, key=lambda x: (x[0] == "", x[0], x[1]))[:8]:
-            out.append(f"  {label[:24]:24}  {host[:28]:28}  {what}")
-        out.append("")
+        add("Timeline (first events, by onset; ≥ a lower bound, the time of the stamped line above)")
+        for stamp, rank, label, host, what in sorted(timeline, key=lambda x: (x[0] == "", x[0], x[1]))[:8]:
+            mark = c("ROOT ", "1") if rank == 0 else ""
+            out.append(printable(f"  {label[:24]:24}  {host[:28]:28}  ") + mark + printable(what))
+        add("")
     if d.symptoms:
-        out.append("Symptoms")
+        add("Symptoms")
         for s in d.symptoms:
             mark = "explained" if s.explained else "unexplained"
             hosts = f"{len(s.hosts):>4} host{'' if len(s.hosts) == 1 else 's'}"
-            out.append(f"  {s.kind:24} {s.count:>8,}  {hosts:<10} ranks {_ranks(s.ranks)}  "
-                       f"{_t(s.first)} → {_t(s.last)}  [{mark}]  e.g. {s.sample.path}:{s.sample.line}")
-        out.append("")
+            add(f"  {s.kind:24} {s.count:>8,}  {hosts:<10} ranks {_ranks(s.ranks)}  "
+                f"{_t(s.first)} → {_t(s.last)}  [{mark}]  e.g. {s.sample.path}:{s.sample.line}")
+        add("")
     if d.missing_evidence:
-        out.append("Missing evidence")
+        add("Missing evidence")
         for m in d.missing_evidence:
             what = _hosts(m.hosts) if m.hosts else ""
             if m.ranks:
                 what += f" (ranks {_ranks(m.ranks)})"
-            out.append(f"  {m.kind:10} {m.detail}: {what}")
-        out.append("")
-    out.append(f"Recovery    {d.recovery.action}" + (f" {', '.join(d.recovery.nodes)}" if d.recovery.nodes else ""))
+            add(f"  {m.kind:10} {m.detail}: {what}")
+        add("")
+    add(f"Recovery    {d.recovery.action}" + (f" {', '.join(d.recovery.nodes)}" if d.recovery.nodes else ""))
     if d.recovery.reason:
-        out.extend(_wrap(f"why: {d.recovery.reason}", "            "))
+        add(*_wrap(f"why: {d.recovery.reason}", "            "))
     if d.recovery.next_step:
-        out.extend(_wrap(f"next: {d.recovery.next_step}", "            "))
+        add(*_wrap(f"next: {d.recovery.next_step}", "            "))
     if stats:
         # The four parts add up to the lines read: a damaged line kept as evidence counts as
         # matched by the engine, so it is taken out of "matched" here.
@@ -131,6 +141,6 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
                       f"{matched - damaged:,} matched a pattern, {cands - matched:,} hit an anchor but no pattern, "
                       f"{read - cands:,} had no anchor, {damaged:,} unreadable (kept as evidence)", " " * 12)
         lines[0] = "Read        " + lines[0].lstrip()
-        out.extend(lines)
-    out.append(f"Rules       {d.rules_version}    diagnosis {d.diagnosis_id}")
+        add(*lines)
+    add(f"Rules       {d.rules_version}    diagnosis {d.diagnosis_id}")
     return "\n".join(out)

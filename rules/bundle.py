@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import lzma
 import os
+import re
 import shutil
 import stat
 import tarfile
@@ -244,6 +245,20 @@ def _strip_top(names: list[str]) -> str:
     return ""
 
 
+_TRIED = re.compile(r"^- method (\w+): \w+\((['\"])(.*)\2\)$")
+_COMPRESSION = {"gz": "gz", "tgz": "gz", "bz2": "bz2", "tbz2": "bz2", "xz": "xz", "txz": "xz"}
+
+
+def _why_unreadable(exc: BaseException, origin: str) -> str:
+    """An archive library's reason in one line. tarfile, trying each compression, lists one reason
+    per method on lines of their own: the one the file's name says is the one that matters."""
+    text = str(exc)
+    tried = {m.group(1): m.group(3) for m in map(_TRIED.match, (ln.strip() for ln in text.splitlines())) if m}
+    if tried:
+        return tried.get(_COMPRESSION.get(origin.lower().rsplit(".", 1)[-1], "tar")) or next(iter(tried.values()))
+    return " ".join(text.split()) or type(exc).__name__
+
+
 def _safe_name(name: str) -> str:
     if name.startswith("/") or "\\" in name or any(part == ".." for part in name.split("/")):
         raise BundleError(f"archive member {name!r} has an unsafe path")
@@ -419,7 +434,7 @@ def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, 
         # Damaged or exotic archives fail in many ways (an encrypted zip: RuntimeError).
         if isinstance(exc, BundleError):
             raise
-        raise BundleError(f"{origin}: not a readable {kind} archive ({type(exc).__name__}: {exc})") from None
+        raise BundleError(f"{origin}: not a readable {kind} archive ({_why_unreadable(exc, origin)})") from None
     return names
 
 

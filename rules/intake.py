@@ -141,6 +141,15 @@ def _head_lines(path: Path, limit: int) -> tuple[list[str], bool]:
     return blob.decode("utf-8", "replace").splitlines()[:limit], False
 
 
+def _blank(path: Path) -> bool:
+    """Nothing but whitespace in the whole file (read in pieces: only a file blank at the top gets here)."""
+    with path.open("rb") as fh:
+        while piece := fh.read(1 << 20):
+            if piece.strip():
+                return False
+    return True
+
+
 def open_input(path: str | Path, max_archive_bytes: int | None = None) -> Intake:
     """Any input a user has -> an Intake (a bundle, plus what was inferred to build it).
 
@@ -212,7 +221,7 @@ def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) 
         if binary:
             warnings.append(f"skipped {rel}: binary content")
             continue
-        if not head:
+        if not any(line.strip() for line in head) and _blank(f):
             warnings.append(f"skipped {rel}: empty")
             continue
         st = f.stat()

@@ -10,7 +10,8 @@ It prints where things are and then "ready" once every worker's /readyz answers 
 their consumer groups are stable. An embedded broker is announced in the run file
 (runfile.py), so other commands find it with nothing set. Worker output (Faust's
 banner, start and stop lines) goes to ``up.log`` beside the run file; ``-v`` puts it
-on the terminal.
+on the terminal. Either way it passes through ``up``, which escapes it (term.py): a
+worker's lines name workload ids, and those come from the logs.
 
 Every child runs in its own session: a Ctrl-C at the terminal reaches only ``up``,
 which then stops the group members one by one. (Tansu wedges a consumer group when
@@ -28,13 +29,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from pydantic import BaseModel
+
+from firstfault.term import printable
 
 from . import reach, runfile
 from .broker import EmbeddedBroker, free_port
@@ -53,6 +57,8 @@ ENV_NAMES = {
 }
 RESTART_RESET_S = 60.0        # a worker that ran this long starts its backoff afresh
 MAX_BACKOFF_S = 30.0
+RELAY_LINE = 64 * 1024        # a worker's output is relayed in lines of at most this many bytes
+RELAY_DRAIN_S = 5.0           # after a worker exits, how long its last lines may take to arrive
 
 
 # ---------------------------------------------------------------- topology
@@ -189,6 +195,23 @@ def spawn_kwargs() -> dict:
     return {"start_new_session": True, "preexec_fn": _child_setup}
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _relay(pipe: IO[bytes], fd: int) -> None:
+    """A worker's output to ``fd``, line by line, control characters escaped."""
+    with pipe:
+        for raw in iter(lambda: pipe.readline(RELAY_LINE), b""):
+            text = raw.decode("utf-8", "replace")
+            body = text.removesuffix("\n")
+            try:
+                _write_all(fd, (printable(body) + text[len(body):]).encode("utf-8"))
+            except OSError:           # our stderr is gone: keep reading, a worker must never block on us
+                pass
+
+
 def worker_env(cfg: StreamConfig, base: dict[str, str] | None = None) -> dict[str, str]:
     """The parent's environment with every FIRSTFAULT_ setting made explicit from ``cfg``."""
     env = dict(os.environ if base is None else base)
@@ -215,18 +238,25 @@ class Worker:
     failures: int = 0                  # consecutive short runs, for the backoff
     not_before: float = 0.0
     log: Path | None = None            # where its output goes (Faust's banner, start/stop lines); None: our stderr
+    log_fd: int | None = None          # that file, opened once by `up` (runfile.fresh_log)
     health_port: int | None = None     # its /readyz, which `up` asks before it says "ready"
+    relay: threading.Thread | None = None
 
     def start(self) -> None:
-        # Never our stdout: that stays for `up`'s own report.
-        if self.log is None:
-            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                                         stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(), **spawn_kwargs())
-        else:
-            with open(self.log, "ab") as out:
-                self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                                             stdout=out, stderr=subprocess.STDOUT, **spawn_kwargs())
+        # Never our stdout: that stays for `up`'s own report. Its lines name workload ids from
+        # the logs, so they reach the terminal or the log file through `up`, escaped.
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **spawn_kwargs())
+        sink = sys.stderr.fileno() if self.log_fd is None else self.log_fd
+        self.relay = threading.Thread(target=_relay, args=(self.proc.stdout, sink), name=f"relay-{self.name}",
+                                      daemon=True)
+        self.relay.start()
         self.started = time.monotonic()
+
+    def drain(self) -> None:
+        """Once it exited: its last lines written out (bounded, should something it started hold the pipe)."""
+        if self.relay is not None:
+            self.relay.join(RELAY_DRAIN_S)
 
     @property
     def pid(self) -> int | None:
@@ -238,14 +268,18 @@ class Worker:
     def stop(self, timeout: float, hurry: Callable[[], bool] = lambda: False) -> tuple[int | None, bool]:
         """SIGTERM, wait, SIGKILL on timeout or when told to hurry; returns (exit code, killed?)."""
         if self.proc is None or self.proc.poll() is not None:
+            self.drain()
             return (self.proc.returncode if self.proc else None), False
         self.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None:
             if hurry() or time.monotonic() >= deadline:
                 self.proc.kill()
-                return self.proc.wait(), True
+                rc = self.proc.wait()
+                self.drain()
+                return rc, True
             time.sleep(0.05)
+        self.drain()
         return self.proc.returncode, False
 
 
@@ -342,7 +376,8 @@ def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worke
     return "\n".join(lines)
 
 
-def make_workers(cfg: StreamConfig, extractors: int, rundir: str, log: Path | None = None) -> list[Worker]:
+def make_workers(cfg: StreamConfig, extractors: int, rundir: str, log: Path | None = None,
+                 log_fd: int | None = None) -> list[Worker]:
     env = worker_env(cfg)
     py = sys.executable
     ws = [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir, cfg.extractor_group)
@@ -358,12 +393,12 @@ def make_workers(cfg: StreamConfig, extractors: int, rundir: str, log: Path | No
     raw = env.get("FIRSTFAULT_METRICS_PORT", "").strip()
     base = int(raw) if raw else None
     for i, w in enumerate(ws):
+        w.log, w.log_fd = log, log_fd
         if w.name == "node-health":             # serves no health port: judged by its group
-            w.log = log
             continue
         port = free_port() if base is None else (base + i if base else 0)
         w.env = {**env, "FIRSTFAULT_METRICS_PORT": str(port)}
-        w.health_port, w.log = port or None, log
+        w.health_port = port or None
     return ws
 
 
@@ -486,9 +521,9 @@ def _last_lines(path: Path, n: int = 3) -> str:
 
 
 def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, run_file: Path | None = None,
-           log_file: Path | None = None, rules_version: str = "") -> int:
+           log_file: Path | None = None, rules_version: str = "", log_fd: int | None = None) -> int:
     """The pipeline until a signal. ``run_file``: where an embedded broker is announced (None: nowhere);
-    ``log_file``: where worker output goes (None: our stderr)."""
+    ``log_file``: where worker output goes (None: our stderr), ``log_fd`` open on it."""
     rundir = tempfile.mkdtemp(prefix="firstfault-up-")
     if cfg.rules:             # workers run in the run directory: a relative rules path must survive that
         cfg = cfg.model_copy(update={"rules": str(Path(cfg.rules).resolve())})
@@ -522,22 +557,27 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
         created = kafka.ensure_topics(cfg)
         log.info("topics: %d created, %d already there", len(created), len(cfg.topics) - len(created))
         if broker is not None and run_file is not None:
-            runfile.write(runfile.RunInfo(
-                bootstrap=cfg.bootstrap, redis=cfg.redis_url or runfile.MEMORY, prefix=cfg.prefix, pid=os.getpid(),
-                started_at=runfile.now_iso(), rules_version=rules_version,
-                log_file=str(log_file) if log_file else None), run_file)
+            try:
+                runfile.write(runfile.RunInfo(
+                    bootstrap=cfg.bootstrap, redis=cfg.redis_url or runfile.MEMORY, prefix=cfg.prefix,
+                    pid=os.getpid(), started_at=runfile.now_iso(), rules_version=rules_version,
+                    log_file=str(log_file) if log_file else None), run_file)
+            except OSError as exc:               # e.g. someone else's file in a shared directory
+                log.error("cannot write the run file %s: %s", run_file, exc.strerror or exc)
+                return 2
             wrote_run_file = True
             log.info("run file %s", run_file)
         # An external Tansu keeps its groups across our restart: stop group members with a pause.
         # (The embedded broker is stopped right after, so its groups do not matter.)
         settle = 5.0 if broker is None and extractors > 1 and broker_is_tansu(cfg) else 0.0
-        sup = Supervisor(make_workers(cfg, extractors, rundir, log_file), stop_timeout, settle)
+        sup = Supervisor(make_workers(cfg, extractors, rundir, log_file, log_fd), stop_timeout, settle)
         ready: Readiness | None = None
         if signals["count"]:
             sup.stopping = True
         else:
             sup.start()
-            print(banner(cfg, broker, sup.workers, run_file if wrote_run_file else None, log_file), flush=True)
+            print(printable(banner(cfg, broker, sup.workers, run_file if wrote_run_file else None, log_file),
+                            lines=True), flush=True)
             ready = Readiness(cfg, sup.workers)
         inflight = InFlight(sup.workers)
         t0 = next_probe = time.monotonic()
@@ -582,21 +622,33 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
             log.info("broker stopped")
         for s, h in old.items():
             signal.signal(s, h)
-    shutil.rmtree(rundir, ignore_errors=True)     # what a dead broker left there was said above
+        shutil.rmtree(rundir, ignore_errors=True)     # what a dead broker left there was said above
     return rc
 
 
-def _logging(verbose: bool, log_file: Path | None) -> None:
+class _Printable(logging.Formatter):
+    """Its lines echo addresses, paths and the broker's last words: escaped (term.py), newlines kept."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), lines=True)
+
+
+def _say(message: str) -> None:
+    """One line on stderr before logging is set up, what it echoes escaped."""
+    print(printable(f"firstfault up: {message}"), file=sys.stderr)
+
+
+def _logging(verbose: bool, log_fd: int | None) -> None:
     """`up`'s own lines: all on the terminal with -v; else to the log file, warnings on the terminal too."""
-    fmt = logging.Formatter("%(asctime)s up %(levelname)s %(message)s")
+    fmt = _Printable("%(asctime)s up %(levelname)s %(message)s")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     term = logging.StreamHandler(sys.stderr)
     term.setFormatter(fmt)
-    term.setLevel(logging.INFO if verbose or log_file is None else logging.WARNING)
+    term.setLevel(logging.INFO if verbose or log_fd is None else logging.WARNING)
     root.addHandler(term)
-    if log_file is not None:
-        to_file = logging.FileHandler(log_file, mode="a", encoding="utf-8")
+    if log_fd is not None:            # the descriptor fresh_log opened: the path is never opened again
+        to_file = logging.StreamHandler(open(log_fd, "a", encoding="utf-8", closefd=False))
         to_file.setFormatter(fmt)
         root.addHandler(to_file)
 
@@ -611,11 +663,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     # or Redis that does not answer, a broken rules directory.
     path = runfile.run_file_path()
     if not cfg.bootstrap:
-        other = runfile.lookup(path).info
+        found = runfile.lookup(path)
+        other = found.info
         if other is not None and other.pid != os.getpid():
-            print(f"firstfault up: already running (pid {other.pid}, broker {other.bootstrap}, run file {path}): "
-                  f"stop it first, or give this one its own {runfile.RUN_FILE_VARIABLE}", file=sys.stderr)
+            _say(f"already running (pid {other.pid}, broker {other.bootstrap}, run file {path}): "
+                 f"stop it first, or give this one its own {runfile.RUN_FILE_VARIABLE}")
             return 2
+        if found.note:                # stale or forged: not obeyed, and said so
+            _say(f"{found.note}; replacing it")
     try:
         if cfg.bootstrap:
             reach.check_broker(cfg.bootstrap, "check FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap "
@@ -624,16 +679,19 @@ def cmd_up(args: argparse.Namespace) -> int:
             reach.check_redis(cfg.redis_url, "check FIRSTFAULT_REDIS_URL or --redis-url (unset both for no Redis)")
         version = load_catalog(cfg.rules).version
     except (reach.Unreachable, CatalogError) as exc:
-        print(f"firstfault up: {exc}", file=sys.stderr)
+        _say(str(exc))
         return 2
-    log_file = None
+    log_file = log_fd = None
     if not args.verbose:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_file = path.with_name("up.log")
-        log_file.write_bytes(b"")      # this run's output only; then everyone appends
-    _logging(args.verbose, log_file)
+        try:
+            log_fd = runfile.fresh_log(log_file)      # this run's output only; then everyone appends
+        except OSError as exc:
+            _say(f"cannot create its log file {log_file}: {exc.strerror or exc}")
+            return 2
+    _logging(args.verbose, log_fd)
     return run_up(cfg, extractors=args.extractors, stop_timeout=args.stop_timeout,
-                  run_file=None if cfg.bootstrap else path, log_file=log_file, rules_version=version)
+                  run_file=None if cfg.bootstrap else path, log_file=log_file, rules_version=version, log_fd=log_fd)
 
 
 def _positive(text: str) -> int:

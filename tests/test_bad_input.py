@@ -264,3 +264,32 @@ def test_overflowing_lines_in_other_sources_give_a_diagnosis(make_bundle, files)
     r = run("analyze", root, "--json")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert json.loads(r.stdout)["workload_id"] == BASE_WORKLOAD["workload_id"]
+
+
+@pytest.mark.parametrize("content", ["", "   \n\t\n  \n", "\n" * 5000, " " * 300_000])
+def test_a_blank_file_is_empty_not_a_diagnosis(tmp_path, content):
+    f = tmp_path / "train.log"
+    f.write_text(content)
+    r = run("analyze", f)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr.count("\n") == 1 and "train.log: empty" in r.stderr, r.stderr
+    assert "bundle" not in r.stderr                  # a bare file is not called a bundle
+
+
+def test_a_file_blank_at_the_top_with_lines_further_down_is_read(tmp_path):
+    f = tmp_path / "train.log"
+    f.write_text("\n" * 300_000 + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB\n")
+    r = run("analyze", f, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["sub_domain"] == "cuda_oom"
+
+
+def test_an_archive_that_is_not_one_is_one_line_naming_what_is_wrong(tmp_path):
+    import gzip
+
+    bad = tmp_path / "job.tar.gz"
+    bad.write_bytes(gzip.compress(b'{"workload_id": "cut short'))          # gzip, but no tar inside
+    r = run("analyze", bad)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    # tarfile's reason per compression it tried (five lines) is the one the name says: gzip's.
+    assert "job.tar.gz: not a readable tar archive (truncated header)" in r.stderr, r.stderr

@@ -81,7 +81,8 @@ def test_lookup_ignores_missing_garbage_and_stale_files_and_says_why(tmp_path):
     found = runfile.lookup(path)
     assert found.info is None and f"stale run file {path}" in found.note and f"pid {pid}" in found.note
     runfile.write(info(os.getpid()), path)
-    assert runfile.lookup(path).info == info(os.getpid())
+    found = runfile.lookup(path)
+    assert found.info.pid == os.getpid() and found.note is None
 
 
 def test_resolve_takes_flag_then_variable_then_a_live_run_file(tmp_path):
@@ -122,3 +123,118 @@ def test_resolve_without_a_running_up_is_one_clear_line(tmp_path):
     assert str(exc.value).startswith(NO_BROKER) and "stale run file" in str(exc.value)
     assert "\n" not in str(exc.value)
     assert runfile.stored_redis(env=env) is None
+
+
+# ---------------------------------------------------------------- a run file is not trusted for being there
+def valid(path: Path, **kw) -> RunInfo:
+    """A run file this process could have written (its own pid), at ``path``; what it says."""
+    runfile.write(info(os.getpid(), **kw), path)
+    return runfile.read(path)
+
+
+def test_a_forged_run_file_naming_another_live_process_is_stale(tmp_path):
+    path = tmp_path / "up.json"
+    for forged in (info(1), info(1, pid_start="0:1")):       # pid 1 is alive, and it is not that `up`
+        path.write_text(forged.model_dump_json())
+        path.chmod(0o600)
+        found = runfile.lookup(path)
+        assert found.info is None and f"stale run file {path}" in found.note and "pid 1 " in found.note, found
+        assert "the `firstfault up` that wrote it" in found.note
+        with pytest.raises(NoBroker) as exc:
+            runfile.resolve(None, env={"FIRSTFAULT_RUN_FILE": str(path)})
+        assert "stale run file" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_writer_records_its_start_so_a_reused_pid_is_told_apart(tmp_path):
+    path = tmp_path / "up.json"
+    mine = valid(path)
+    assert mine.pid_start and runfile.lookup(path).info == mine
+    path.write_text(mine.model_copy(update={"pid_start": mine.pid_start + "0"}).model_dump_json())
+    found = runfile.lookup(path)
+    assert found.info is None and "stale run file" in found.note
+
+
+def test_a_run_file_others_can_write_is_not_trusted(tmp_path):
+    path = tmp_path / "up.json"
+    valid(path)
+    for mode in (0o620, 0o602, 0o666):
+        path.chmod(mode)
+        found = runfile.lookup(path)
+        assert found.info is None and "writable by others" in found.note and oct(mode)[2:] in found.note, found
+    path.chmod(0o644)                                           # readable by others is the writer's choice
+    assert runfile.lookup(path).info is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_run_file_owned_by_someone_else_is_not_trusted(tmp_path):
+    path = tmp_path / "up.json"
+    valid(path)
+    os.chown(path, 4242, -1)
+    found = runfile.lookup(path)
+    assert found.info is None and "owned by uid 4242" in found.note, found
+
+
+def test_a_huge_run_file_is_refused_unread(tmp_path, monkeypatch):
+    path = tmp_path / "up.json"
+    text = valid(path).model_dump_json()
+    path.write_text(text + " " * (1 << 20))                    # still valid JSON, a MiB of it
+    path.chmod(0o600)
+    reads: list[int] = []
+    real_read = os.read
+    monkeypatch.setattr(runfile.os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    found = runfile.lookup(path)
+    assert found.info is None and "larger than 64 KiB" in found.note, found
+    assert sum(reads) <= runfile.MAX_BYTES + 1
+
+
+def test_a_run_file_that_is_a_symlink_or_a_fifo_is_not_followed_or_waited_on(tmp_path):
+    elsewhere = tmp_path / "elsewhere.json"
+    valid(elsewhere)
+    path = tmp_path / "up.json"
+    path.symlink_to(elsewhere)
+    found = runfile.lookup(path)
+    assert found.info is None and "symbolic link" in found.note, found
+    assert runfile.remove(path, os.getpid()) is False and elsewhere.exists()
+    path.unlink()
+    os.mkfifo(path, 0o600)                                      # a reader would wait for a writer forever
+    found = runfile.lookup(path)
+    assert found.info is None and "not a regular file" in found.note, found
+
+
+def test_write_replaces_a_symlink_never_its_target(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    path = tmp_path / "up.json"
+    path.symlink_to(victim)
+    runfile.write(info(os.getpid()), path)
+    assert victim.read_text() == "keep me" and not path.is_symlink() and runfile.lookup(path).info is not None
+
+
+def test_up_log_is_made_anew_never_written_through_a_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    log = tmp_path / "run" / "up.log"
+    log.parent.mkdir()
+    log.symlink_to(victim)
+    fd = runfile.fresh_log(log)
+    os.write(fd, b"this run\n")
+    os.close(fd)
+    assert victim.read_text() == "keep me" and not log.is_symlink() and log.read_text() == "this run\n"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+def test_up_is_not_blocked_by_a_forged_run_file_and_says_so_in_one_line(tmp_path):
+    path = tmp_path / "run" / "up.json"
+    path.parent.mkdir(mode=0o700)
+    path.write_text(info(1).model_dump_json())                  # pid 1: alive, and not an `up`
+    path.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
+    # A rules directory that is not there stops it right after the run-file check: no pipeline starts.
+    env.update(FIRSTFAULT_RUN_FILE=str(path), FIRSTFAULT_RULES=str(tmp_path / "no-rules"))
+    p = subprocess.run([sys.executable, "-m", "firstfault", "up"], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and "already running" not in p.stderr, p.stderr
+    assert lines[0] == (f"firstfault up: ignoring stale run file {path}: it records no start time, so pid 1 "
+                        "cannot be confirmed as the `firstfault up` that wrote it; replacing it"), p.stderr
+    assert "rules directory does not exist" in lines[1] and len(lines) == 2, p.stderr

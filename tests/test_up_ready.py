@@ -54,10 +54,17 @@ def test_up_is_found_with_nothing_set_and_says_ready_only_once_the_groups_are_jo
     dead.wait()
     runfile.write(runfile.RunInfo(bootstrap="127.0.0.1:1", pid=dead.pid, started_at="2026-01-01T00:00:00Z",
                                   rules_version="old"), run_file)
+    # A symlink where its log goes: replaced by a file of its own, the target never written.
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    log_file.symlink_to(victim)
+    stale = [f"firstfault up: ignoring stale run file {run_file}: `firstfault up` (pid {dead.pid}) is not running; "
+             "replacing it\n"]
 
     proc, text, err_lines = start_up(up_env, ROOT)
     try:
         assert text.splitlines()[-1:] and text.splitlines()[-1].startswith("ready"), text + "".join(err_lines)
+        assert victim.read_text() == "keep me" and not log_file.is_symlink()
 
         # At "ready" both groups have joined, as the broker sees it.
         info = runfile.read(run_file)
@@ -70,7 +77,7 @@ def test_up_is_found_with_nothing_set_and_says_ready_only_once_the_groups_are_jo
         assert f"broker {info.bootstrap} (embedded Tansu" in text
         assert f"log       {log_file}" in text and f"run file  {run_file}" in text and "store     memory" in text
         assert "FIRSTFAULT_KAFKA_BOOTSTRAP" not in text          # nothing to export any more
-        assert err_lines == [], "".join(err_lines)
+        assert err_lines == stale, "".join(err_lines)            # said once, in one line
         log = log_file.read_text()
         assert "[^Worker]: Ready" in log and "assigned 1 partition(s)" in log   # Faust's and the extractor's lines
 
@@ -106,7 +113,8 @@ def test_up_is_found_with_nothing_set_and_says_ready_only_once_the_groups_are_jo
             proc.kill()
             proc.wait()
     assert not run_file.exists()                                      # removed on a clean stop
-    assert err_lines == [], "".join(err_lines)
+    assert err_lines == stale, "".join(err_lines)
+    assert victim.read_text() == "keep me"
     assert re.search(r"up INFO stopped correlator", log_file.read_text())
     gone = cli(["diagnoses"], env, tmp_path)
     assert gone.returncode == 2 and gone.stderr.strip() == f"firstfault: {runfile.NO_BROKER}"
