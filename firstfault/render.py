@@ -1,7 +1,7 @@
 """The readable summary of a diagnosis, for a person at a terminal."""
 from __future__ import annotations
 
-from firstfault.rules.summary import percent
+from firstfault.rules.summary import NOT_AT_FAULT, percent
 from firstfault.schemas import Diagnosis
 
 from .term import printable
@@ -84,7 +84,9 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
     for cand in d.candidates:
         add(f"  candidate   {cand.domain}/{cand.sub_domain} on {_hosts(cand.nodes)} "
             f"(explains {percent(cand.coverage)}): {cand.message}")
-    line = f"  responsible {_hosts(d.responsible_nodes)}    suspect {_hosts(d.suspect_nodes)}"
+    blame = (f"responsible {_hosts(d.responsible_nodes)}" if d.domain not in NOT_AT_FAULT or not d.responsible_nodes
+             else f"on          {_hosts(d.responsible_nodes)} (an application fault: the node is not at fault)")
+    line = f"  {blame}    suspect {_hosts(d.suspect_nodes)}"
     if d.candidates:
         # Nobody is responsible until the candidates are told apart, but each names its nodes.
         line += f"    candidates on {_hosts(sorted({n for cand in d.candidates for n in cand.nodes}))}"

@@ -32,6 +32,20 @@ def percent(x: float) -> str:
 _pct = percent
 
 
+NOT_AT_FAULT = frozenset({"application"})   # domains whose cause runs on a node without being the node's fault
+
+
+def node_blame(domain: str, nodes: list[str]) -> str:
+    """``responsible_nodes`` in the words every text surface uses (the CLI, ``diagnoses``, alerts, the
+    page): "responsible" only where the node is at fault; an application fault happened on its node,
+    which is not at fault and not drained."""
+    if not nodes:
+        return "responsible -"
+    if domain in NOT_AT_FAULT:
+        return f"on {', '.join(nodes)} (not at fault)"
+    return f"responsible {', '.join(nodes)}"
+
+
 def _where(ref: Any) -> str:
     return f"{ref.path}:{ref.line}"
 

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Literal
 
+from firstfault.rules.summary import node_blame
+
 from .config import StreamConfig
 
 # Kafka, Redis and Avro load on first use: `register` runs for every CLI command,
@@ -206,7 +208,7 @@ def summary_line(d: Diagnosis, published_ms: int | None = None) -> str:
     rev = "-" if d.revision is None else str(d.revision)
     phase = "provisional" if d.provisional else ("final" if d.revision is not None else "offline")  # replay, analyze
     where = f"{d.domain}/{d.sub_domain}"
-    blame = f"responsible {','.join(d.responsible_nodes)}" if d.responsible_nodes else "responsible -"
+    blame = node_blame(d.domain, d.responsible_nodes)
     if d.suspect_nodes:
         blame += f"  suspect {','.join(d.suspect_nodes)}"
     stamp = f"{iso_ms(published_ms)}  " if published_ms else ""

@@ -76,3 +76,26 @@ def test_page_shows_times_as_people_read_them():
     assert _when(None) == "no time"
     page = (ROOT / "connectors" / "api" / "templates" / "diagnosis.html").read_text()
     assert "|when }}</time>" in page
+
+
+def test_responsible_means_at_fault_on_every_text_surface():
+    """One word, one meaning: 'responsible' only for a node at fault; an application fault names the
+    node it happened on as not at fault, in the CLI text, `diagnoses`' line and the chat alert."""
+    from firstfault.connectors.sinks.alerts import AlertConfig, payload_slack
+    from firstfault.connectors.enrich import enrich
+    from firstfault.rules.engine import analyze_path
+    from firstfault.streams.follow import summary_line
+
+    app = analyze_path(ROOT / "samples" / "cuda-oom-one-rank").diagnosis
+    hw = analyze_path(ROOT / "samples" / "worked-example").diagnosis
+    assert app.domain == "application" and app.responsible_nodes == ["a100-01"]
+    assert hw.domain == "interconnect" and hw.responsible_nodes == ["node-02"]
+    text = subprocess.run([sys.executable, "-m", "firstfault", "analyze", str(ROOT / "samples" / "cuda-oom-one-rank")],
+                          capture_output=True, text=True, check=True).stdout
+    assert "a100-01 (an application fault: the node is not at fault)" in text and "responsible a100-01" not in text
+    assert "responsible a100-01" not in summary_line(app) and "on a100-01 (not at fault)" in summary_line(app)
+    assert "responsible node-02" in summary_line(hw)
+    cfg = AlertConfig(webhooks=[{"name": "chat", "format": "slack", "url": "http://127.0.0.1:9/hook"}])
+    slack = str(payload_slack(enrich(app, None), cfg))
+    assert "*on* a100-01 (not at fault)" in slack and "responsible* a100-01" not in slack
+    assert "*responsible* node-02" in str(payload_slack(enrich(hw, None), cfg))

@@ -58,6 +58,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from firstfault.rules.summary import node_blame
 from firstfault.schemas import Diagnosis, WorkloadRecord
 
 from .. import metrics_names as M
@@ -171,7 +172,7 @@ def payload_slack(e: EnrichedDiagnosis, cfg: AlertConfig) -> dict[str, Any]:
     d, w = e.diagnosis, e.workload
     text = summary(e)
     facts = [f"*status* {d.status}", f"*cause* {d.domain}/{d.sub_domain}",
-             f"*responsible* {', '.join(d.responsible_nodes) or '-'}", f"*recovery* {d.recovery.action}"]
+             f"*{node_blame(d.domain, d.responsible_nodes).replace(' ', '* ', 1)}", f"*recovery* {d.recovery.action}"]
     if w.user or w.job_name:
         facts.append(f"*job* {w.job_name or '-'} ({w.user or '?'}, {w.partition or w.namespace or '-'})")
     if e.topology.racks:
