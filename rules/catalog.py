@@ -12,12 +12,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 
+from firstfault.schemas.diagnosis import RecoveryAction
+
 from .decoders import DECODERS, ROLES, Tag, load_builtin_decoders
 from .errors import CatalogError
+from . import keys as known_keys
 from . import yaml_cache
 from .redos import BUDGET_S, find_redos
 from .regex import LinearRegex, LineMatch, RegexError
@@ -71,6 +74,18 @@ class Pattern:
         if m is None or (self.unless is not None and self.unless.search(message, data) is not None):
             return None
         return m
+
+    def spans(self, data: bytes) -> list[tuple[int, int]] | None:
+        """``search`` on the message's UTF-8 bytes, as the regex's spans (``LinearRegex.match_of``)."""
+        spans = self.regex.spans(data)
+        if spans is None or (self.unless is not None and self.unless.spans(data) is not None):
+            return None
+        return spans
+
+    @property
+    def digit_blind(self) -> bool:
+        """Lines that differ only in their ASCII digits: alike to this pattern (regex and unless)."""
+        return self.regex.digit_blind and (self.unless is None or self.unless.digit_blind)
 
 
 @dataclass(frozen=True)
@@ -181,21 +196,55 @@ class _Errors:
             raise err
         self.items.append(err)
 
+    def keys(self, file: str, rule_id: str | None, raw: Mapping[Any, Any], known: frozenset[str],
+             where: str = "") -> None:
+        """Every key of ``raw`` that is not in ``known``: YAML would let a misspelt one pass unread."""
+        for problem in known_keys.unknown(raw, known):
+            self.add(file, rule_id, f"{where}: {problem}" if where else problem)
 
-def _examples(raw: Any, errs: _Errors, file: str, rid: str, what: str) -> tuple[Example, ...]:
+
+def _dict(raw: Mapping[str, Any], key: str, errs: _Errors, file: str, rid: str, where: str = "") -> dict[str, Any]:
+    """``raw[key]`` as a dict: a mapping of names to values, else reported and empty."""
+    value = raw.get(key) or {}
+    if not isinstance(value, Mapping):
+        errs.add(file, rid, f"{where}{key} must be a mapping of names to values")
+        return {}
+    return dict(value)
+
+
+def _examples_of(item: Mapping[str, Any], errs: _Errors, file: str, rid: str, lists: frozenset[str]) -> Mapping[str, Any]:
+    """The rule's ``examples:`` mapping (``lists``: the example lists it may hold)."""
+    ex = item.get("examples")
+    if ex is None:
+        return {}
+    if not isinstance(ex, Mapping):
+        errs.add(file, rid, f"examples must be a mapping of {' and '.join(sorted(lists))}")
+        return {}
+    errs.keys(file, rid, ex, lists, "examples")
+    return ex
+
+
+def _examples(raw: Any, errs: _Errors, file: str, rid: str, what: str,
+              known: frozenset[str] = known_keys.PATTERN_EXAMPLE) -> tuple[Example, ...]:
     out = []
-    for item in raw or []:
+    if raw is not None and not isinstance(raw, list):
+        errs.add(file, rid, f"examples.{what} must be a list")
+        return ()
+    for i, item in enumerate(raw or [], 1):
+        if isinstance(item, Mapping):
+            errs.keys(file, rid, item, known, f"examples.{what}[{i}]")
         if isinstance(item, str):
             out.append(Example(line=item))
         elif isinstance(item, Mapping) and isinstance(item.get("line"), str):
             src = item.get("source")
             if src is not None and src not in SOURCES:
                 errs.add(file, rid, f"{what} example has unknown source {src!r}")
-            out.append(Example(line=item["line"], source=src, fields=dict(item.get("fields") or {})))
+            out.append(Example(line=item["line"], source=src, fields=_dict(item, "fields", errs, file, rid)))
         elif (isinstance(item, Mapping) and item.get("source") == "metrics" and isinstance(item.get("lines"), list)
               and item["lines"] and all(isinstance(x, str) for x in item["lines"])):
             # metrics samples: a series of JSON lines, read as one metrics/*.jsonl file
-            out.append(Example(line="\n".join(item["lines"]), source="metrics", fields=dict(item.get("fields") or {})))
+            out.append(Example(line="\n".join(item["lines"]), source="metrics",
+                               fields=_dict(item, "fields", errs, file, rid)))
         else:
             errs.add(file, rid, f"{what} example must be a line, {{line: ...}} or {{source: metrics, lines: [...]}}")
     return tuple(out)
@@ -221,6 +270,9 @@ class Matcher:
         return have == self.arg or str(have) == str(self.arg)
 
 
+CONDITION_KEYS = frozenset({"kind", "source", "pattern", "role", "domain", "sub_domain", "strength", "host"})
+
+
 def _members(values: Any) -> frozenset:
     items = values if isinstance(values, (list, tuple)) else [values]
     return frozenset(items) | frozenset(str(v) for v in items)
@@ -232,9 +284,8 @@ def _condition(raw: Any, lists: Mapping[str, Any], errs: _Errors, file: str, rid
         return Condition(terms=())
     terms = []
     for key, value in raw.items():
-        if not (key in ("kind", "source", "pattern", "role", "domain", "sub_domain", "strength", "host")
-                or key.startswith("fields.")):
-            errs.add(file, rid, f"{what}: unknown key {key!r}")
+        if not (key in CONDITION_KEYS or str(key).startswith("fields.")):
+            errs.add(file, rid, f"{what}: {known_keys.unknown([key], CONDITION_KEYS)[0]}")
             continue
         if isinstance(value, str) and value.startswith("@"):
             if value[1:] not in lists:
@@ -244,6 +295,7 @@ def _condition(raw: Any, lists: Mapping[str, Any], errs: _Errors, file: str, rid
         elif isinstance(value, list):
             terms.append((key, Matcher("in", _members(value))))
         elif isinstance(value, Mapping):
+            errs.keys(file, rid, value, known_keys.MATCHER, f"{what}.{key}")
             if "regex" in value:
                 try:
                     terms.append((key, Matcher("regex", LinearRegex(str(value["regex"])))))
@@ -267,6 +319,7 @@ def _tag(raw: Any, taxonomy: Mapping[str, Mapping[str, Any]], errs: _Errors, fil
     if not isinstance(raw, Mapping):
         errs.add(file, rid, "tag must be a mapping with a role")
         return None
+    errs.keys(file, rid, raw, known_keys.TAG, "tag")
     role = raw.get("role")
     if role not in ROLES:
         errs.add(file, rid, f"tag role must be one of {', '.join(ROLES)}")
@@ -282,7 +335,7 @@ def _tag(raw: Any, taxonomy: Mapping[str, Mapping[str, Any]], errs: _Errors, fil
             errs.add(file, rid, "next_step is a sentence, on a root tag only")
             step = None
         return Tag(role=role, domain=dom, sub_domain=sub, strength=raw.get("strength", "strong"),
-                   fields=dict(raw.get("fields") or {}), next_step=step)
+                   fields=_dict(raw, "fields", errs, file, rid, "tag."), next_step=step)
     except ValueError as exc:
         errs.add(file, rid, str(exc))
         return None
@@ -311,6 +364,8 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
     rid = _common(item, errs, file, ids)
     if rid is None:
         return None
+    errs.keys(file, rid, item, known_keys.PATTERN)
+    examples = _examples_of(item, errs, file, rid, known_keys.PATTERN_EXAMPLES)
     sources = item.get("sources") or []
     if not sources or any(s not in SOURCES for s in sources):
         errs.add(file, rid, f"sources must be a non-empty subset of {sorted(SOURCES)}")
@@ -330,15 +385,18 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
     if not isinstance(kind, str) or not _ID.match(kind):
         errs.add(file, rid, "missing kind")
     groups = set(regex.groupindex)
-    types = dict(item.get("types") or {})
+    types = _dict(item, "types", errs, file, rid)
     for name, typ in types.items():
         if typ not in TYPES:
             errs.add(file, rid, f"type of {name} must be int, float or str")
         if name not in groups:
             errs.add(file, rid, f"types names {name!r}, which the regex does not capture")
-    constants = dict(item.get("set") or {})
+    constants = _dict(item, "set", errs, file, rid)
     group_by = item.get("group_by")
     if group_by is None:
+        group_by = sorted(groups)
+    elif not isinstance(group_by, list):
+        errs.add(file, rid, "group_by must be a list of field names")
         group_by = sorted(groups)
     for g in group_by:
         if g not in groups and g not in constants:
@@ -347,8 +405,8 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
         name = item.get(key)
         if name is not None and name not in groups:
             errs.add(file, rid, f"{key} names {name!r}, which the regex does not capture")
-    match = _examples((item.get("examples") or {}).get("match"), errs, file, rid, "match")
-    nomatch = _examples((item.get("examples") or {}).get("no_match"), errs, file, rid, "no_match")
+    match = _examples(examples.get("match"), errs, file, rid, "match")
+    nomatch = _examples(examples.get("no_match"), errs, file, rid, "no_match")
     if not match:
         errs.add(file, rid, "needs at least one match example (a real line)")
     if not nomatch:
@@ -371,6 +429,7 @@ def _early(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lis
     rid = _common(item, errs, file, ids)
     if rid is None:
         return None
+    errs.keys(file, rid, item, known_keys.EARLY)
     action = item.get("action")
     tag = decoder = None
     if action == "tag":
@@ -382,9 +441,9 @@ def _early(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lis
     elif action != "drop":
         errs.add(file, rid, "action must be tag, drop or decode")
     when = _condition(item.get("when"), lists, errs, file, rid, "when")
-    ex = item.get("examples") or {}
-    fires = _examples(ex.get("fires"), errs, file, rid, "fires")
-    quiet = _examples(ex.get("quiet"), errs, file, rid, "quiet")
+    ex = _examples_of(item, errs, file, rid, known_keys.EARLY_EXAMPLES)
+    fires = _examples(ex.get("fires"), errs, file, rid, "fires", known_keys.EARLY_EXAMPLE)
+    quiet = _examples(ex.get("quiet"), errs, file, rid, "quiet", known_keys.EARLY_EXAMPLE)
     if not fires:
         errs.add(file, rid, "needs at least one 'fires' example (a real line)")
     if not quiet:
@@ -408,6 +467,7 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
     rid = _common(item, errs, file, ids)
     if rid is None:
         return None
+    errs.keys(file, rid, item, known_keys.FINAL)
     join = item.get("join")
     allowed = IDENTITY_JOINS if relation in IDENTITY else JOINS
     if join not in allowed:
@@ -423,9 +483,10 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
             k in EQUAL_KEYS or k.startswith("fields.")) for k in equal):
         errs.add(file, rid, f"equal must list keys: {', '.join(EQUAL_KEYS)} or fields.NAME")
         equal = []
-    ex = item.get("examples") or {}
-    scenarios = tuple(ex.get("fires") or ()) + tuple(ex.get("quiet") or ())
-    if not ex.get("fires") or not ex.get("quiet"):
+    ex = _examples_of(item, errs, file, rid, known_keys.EARLY_EXAMPLES)
+    fires = _scenarios(ex.get("fires"), errs, file, rid, "fires")
+    quiet = _scenarios(ex.get("quiet"), errs, file, rid, "quiet")
+    if not fires or not quiet:
         errs.add(file, rid, "needs 'fires' and 'quiet' example scenarios")
     return ExplainsRule(
         id=rid, file=file, title=item.get("title", ""), description=item.get("description", ""),
@@ -433,10 +494,23 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
         source=_condition(item.get("source"), lists, errs, file, rid, "source"),
         target=_condition(item.get("target"), lists, errs, file, rid, "target"),
         join=str(join), window_s=item.get("window_s"), before_s=float(item.get("before_s", 0) or 0),
-        scenarios=tuple({"expect": "fires", **s} for s in ex.get("fires") or ())
-        + tuple({"expect": "quiet", **s} for s in ex.get("quiet") or ()),
-        equal=tuple(equal), relation=relation, references=tuple(refs),
+        scenarios=fires + quiet, equal=tuple(equal), relation=relation, references=tuple(refs),
     )
+
+
+def _scenarios(raw: Any, errs: _Errors, file: str, rid: str, what: str) -> tuple[Mapping[str, Any], ...]:
+    """A FINAL rule's example scenarios, each marked with what it expects (fires or quiet)."""
+    if raw is not None and not isinstance(raw, list):
+        errs.add(file, rid, f"examples.{what} must be a list of scenarios")
+        return ()
+    out = []
+    for i, scenario in enumerate(raw or [], 1):
+        if not isinstance(scenario, Mapping):
+            errs.add(file, rid, f"examples.{what}[{i}] must be a scenario: {{files: {{path: text}}, workload: ...}}")
+            continue
+        errs.keys(file, rid, scenario, known_keys.SCENARIO, f"examples.{what}[{i}]")
+        out.append({"expect": what, **scenario})
+    return tuple(out)
 
 
 def _parse_yaml(text: str) -> Any:
@@ -460,16 +534,19 @@ def _build(files: Mapping[str, Path], root: str, strict: bool) -> tuple[Catalog,
     if tax_file is None:
         errs.add("data/taxonomy.yaml", None, "the taxonomy file is missing")
     else:
-        taxonomy = (_read_yaml(tax_file, "data/taxonomy.yaml", errs) or {}).get("domains", {})
+        taxonomy = _taxonomy(_read_yaml(tax_file, "data/taxonomy.yaml", errs), errs)
     lists: dict[str, Any] = {}
     docs: dict[str, Any] = {}
     for rel, path in sorted(files.items()):
         doc = _read_yaml(path, rel, errs)
         docs[rel] = doc
         if isinstance(doc, Mapping):
-            for name, values in (doc.get("lists") or {}).items():
+            for name, values in _mapping(doc, "lists", rel, errs).items():
                 if name in lists:
                     errs.add(rel, None, f"list {name!r} defined twice")
+                if not isinstance(values, list):
+                    errs.add(rel, None, f"list {name!r} must be a list of values")
+                    continue
                 lists[name] = tuple(values)
     ids: set[str] = set()
     patterns: list[Pattern] = []
@@ -479,20 +556,29 @@ def _build(files: Mapping[str, Path], root: str, strict: bool) -> tuple[Catalog,
         if not isinstance(doc, Mapping):
             errs.add(rel, None, "top level must be a mapping")
             continue
-        if rel.startswith("extract/"):
-            for item in doc.get("patterns") or []:
+        folder = next((f for f in known_keys.TOP if rel.startswith(f)), None)
+        if folder is None:
+            if not rel.startswith("data/"):     # decoder tables: read by their decoders
+                errs.add(rel, None, "not read: rule files go under extract/, early/ or final/ "
+                                    "(decoder tables under data/)")
+            continue
+        errs.keys(rel, None, doc, known_keys.TOP[folder])
+        if folder == "extract/":
+            for item in _entries(doc, "patterns", rel, errs):
                 if (p := _pattern(item, rel, errs, ids)) is not None:
                     patterns.append(p)
-        elif rel.startswith("early/"):
-            for item in doc.get("rules") or []:
+        elif folder == "early/":
+            for item in _entries(doc, "rules", rel, errs):
                 if (r := _early(item, rel, errs, ids, lists, taxonomy)) is not None:
                     early.append(r)
-        elif rel.startswith("final/"):
+        else:
             for relation in ("explains",) + IDENTITY:
-                for item in doc.get(relation) or []:
+                for item in _entries(doc, relation, rel, errs):
                     if (r := _explains(item, rel, errs, ids, lists, relation)) is not None:
                         explains.append(r)
-            for key, value in (doc.get("settings") or {}).items():
+            given = _mapping(doc, "settings", rel, errs)
+            errs.keys(rel, None, given, known_keys.settings_keys(), "settings")
+            for key, value in given.items():
                 if key in settings:
                     errs.add(rel, None, f"setting {key!r} defined twice")
                 settings[key] = value
@@ -506,6 +592,54 @@ def _build(files: Mapping[str, Path], root: str, strict: bool) -> tuple[Catalog,
         version=catalog_version(files),
     )
     return catalog, errs.items
+
+
+def _entries(doc: Mapping[str, Any], key: str, rel: str, errs: _Errors) -> list[Mapping[str, Any]]:
+    """The rules listed under ``key``: each must be a mapping."""
+    raw = doc.get(key) or []
+    if not isinstance(raw, list):
+        errs.add(rel, None, f"{key} must be a list of rules")
+        return []
+    for i, item in enumerate(raw, 1):
+        if not isinstance(item, Mapping):
+            errs.add(rel, None, f"{key}[{i}] must be a mapping (one rule), not {type(item).__name__}")
+    return [item for item in raw if isinstance(item, Mapping)]
+
+
+def _mapping(doc: Mapping[str, Any], key: str, rel: str, errs: _Errors) -> Mapping[str, Any]:
+    raw = doc.get(key) or {}
+    if not isinstance(raw, Mapping):
+        errs.add(rel, None, f"{key} must be a mapping")
+        return {}
+    return raw
+
+
+RECOVERY_ACTIONS = get_args(RecoveryAction)
+
+
+def _taxonomy(doc: Any, errs: _Errors) -> dict[str, dict[str, Mapping[str, Any]]]:
+    """domain -> sub_domain -> {recovery, summary, next_step}; malformed rows are reported and left out."""
+    rel = "data/taxonomy.yaml"
+    if not isinstance(doc, Mapping):
+        errs.add(rel, None, "top level must be a mapping with domains")
+        return {}
+    errs.keys(rel, None, doc, frozenset({"domains"}))
+    out: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for dom, subs in _mapping(doc, "domains", rel, errs).items():
+        if not isinstance(subs, Mapping):
+            errs.add(rel, f"taxonomy {dom}", "must map each sub_domain to {recovery, summary, next_step}")
+            continue
+        out[dom] = {}
+        for sub, row in subs.items():
+            where = f"taxonomy {dom}/{sub}"
+            if not isinstance(row, Mapping):
+                errs.add(rel, where, "must be a mapping: {recovery, summary, next_step}")
+                continue
+            errs.keys(rel, where, row, known_keys.TAXONOMY_ROW)
+            if "recovery" in row and row["recovery"] not in RECOVERY_ACTIONS:
+                errs.add(rel, where, f"recovery must be one of {', '.join(RECOVERY_ACTIONS)}")
+            out[dom][sub] = row
+    return out
 
 
 @lru_cache(maxsize=8)
@@ -523,66 +657,23 @@ def load_catalog(overlay: str | Path | None = None) -> Catalog:
 def lint_catalog(overlay: str | Path | None = None) -> list[CatalogError]:
     files = catalog_files(BUILTIN_CATALOG, Path(overlay) if overlay else None)
     catalog, errors = _build(files, str(overlay or BUILTIN_CATALOG), strict=False)
+    from .lint import reach_errors          # lint reads the catalog this module builds
+
     return errors + reach_errors(catalog) + redos_errors(catalog)
 
 
-# Kinds the engine makes without a pattern: the scheduler's end record (rules/diagnose.py),
-# damaged lines kept as evidence (rules/extract.py), metric threshold crossings
-# (rules/telemetry.py EVENT_KIND; tests/test_regex_safety.py checks these stay in step).
-ENGINE_KINDS = frozenset({"scheduler_end", "unparsed", "dcgm_threshold"})
+# What the engine makes without a pattern, and the fields it sets: the scheduler's end record
+# (rules/diagnose.py), damaged lines kept as evidence (rules/extract.py), metric threshold
+# crossings (rules/telemetry.py EVENT_KIND). tests/test_catalog_lint.py checks these stay in step.
+ENGINE_FIELDS: Mapping[str, frozenset[str]] = {
+    "scheduler_end": frozenset({"state", "terminal_state", "exit_code"}),
+    "unparsed": frozenset({"reason"}),
+    "dcgm_threshold": frozenset({"metric", "value", "threshold", "rule", "why", "delta", "previous", "xid"}),
+}
+ENGINE_KINDS = frozenset(ENGINE_FIELDS)
 # Fields every extracted event may carry, and the names an output template always has.
-LINE_FIELDS = frozenset({"uptime_s", "pid_prefix", "cuda_dev", "damaged_line"})
+LINE_FIELDS = frozenset({"uptime_s", "pid_prefix", "cuda_dev", "damaged_line", "host_basis"})
 TEMPLATE_NAMES = frozenset({"host", "gpu", "rank", "kind"})
-
-
-def _kinds_of(cond: Condition) -> set[str] | None:
-    """The kinds a condition admits (None: any, or not a plain list)."""
-    for key, m in cond.terms:
-        if key == "kind" and m.op in ("eq", "in"):
-            return {m.arg} if m.op == "eq" else {v for v in m.arg if isinstance(v, str)}
-    return None
-
-
-def _template_fields(template: str) -> set[str]:
-    import string
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError:
-        return {"{"}                      # unbalanced braces: reported as such
-    return {name.split(".")[0].split("[")[0] for _, name, _, _ in parsed if name}
-
-
-def reach_errors(catalog: Catalog) -> list[CatalogError]:
-    """What tests would not catch: a condition on a kind nothing produces (the rule can never
-    fire), and an output template naming a field no event of its kinds carries (printed `?`)."""
-    produced: dict[str, set[str]] = {}
-    for pat in catalog.patterns:
-        produced.setdefault(pat.kind, set()).update(pat.regex.groupindex, pat.constants)
-    known = set(produced) | ENGINE_KINDS
-    tag_fields = {k for r in catalog.early if r.tag for k in r.tag.fields}
-    decoded = {k for r in catalog.early if r.action == "decode" for k in (_kinds_of(r.when) or ())}
-    errors: list[CatalogError] = []
-    conditions = [(r.file, r.id, "when", r.when) for r in catalog.early]
-    conditions += [(r.file, r.id, what, c) for r in catalog.explains for what, c in (("source", r.source), ("target", r.target))]
-    for file, rid, what, cond in conditions:
-        for kind in sorted(_kinds_of(cond) or ()):
-            if kind not in known:
-                errors.append(CatalogError(file, rid, f"{what}.kind names {kind!r}, which no pattern produces "
-                                                      "(the rule can never fire)"))
-    for rule in catalog.early:
-        kinds = _kinds_of(rule.when)
-        if not kinds or kinds & (decoded | ENGINE_KINDS) or not kinds <= set(produced):
-            continue                      # any kind, decoder or engine fields: not known statically
-        have = set().union(*(produced[k] for k in kinds)) | LINE_FIELDS | TEMPLATE_NAMES | tag_fields
-        for template in (rule.output, rule.tag.output if rule.tag else None):
-            if not template:
-                continue
-            missing = sorted(_template_fields(template) - have)
-            if missing:
-                errors.append(CatalogError(rule.file, rule.id, f"output names {', '.join(missing)}, which no event "
-                                                               f"of kind {', '.join(sorted(kinds))} carries "
-                                                               "(it would print '?')"))
-    return errors
 
 
 def _regexes(catalog: Catalog) -> Iterable[tuple[str, str, str, LinearRegex]]:

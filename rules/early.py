@@ -31,7 +31,7 @@ class _Blank(dict):
 
 # "CUDA out of memory[[ on rank {rank}]][[ ({host})]]": a [[segment]] is dropped when a field it
 # names is unknown, so a line without a host or rank reads "CUDA out of memory", not "on rank ? (?)".
-_OPTIONAL = re.compile(r"\[\[(.*?)\]\]", re.DOTALL)
+OPTIONAL = re.compile(r"\[\[(.*?)\]\]", re.DOTALL)
 
 
 def _names(segment: str) -> set[str]:
@@ -41,14 +41,25 @@ def _names(segment: str) -> set[str]:
         return {"\x00"}                  # unbalanced braces: never satisfied, the segment is dropped
 
 
-def render(template: str | None, ev: Ev) -> str | None:
-    if not template:
-        return None
+def _values(ev: Ev) -> _Blank:
+    """What a template may name on ``ev``: its known fields, host, gpu, rank and kind."""
     values = _Blank({k: v for k, v in ev.fields.items() if v is not None and v != ""})
     gpu = ev.pci if ev.gpu_index is None else ev.gpu_index
     values.update({k: v for k, v in (("host", ev.host), ("gpu", gpu), ("rank", ev.rank)) if v is not None})
     values["kind"] = ev.kind
-    text = _OPTIONAL.sub(lambda m: m.group(1) if _names(m.group(1)) <= values.keys() else "", template)
+    return values
+
+
+def unfilled(template: str, ev: Ev) -> set[str]:
+    """The names ``render`` prints as '?' on ``ev``: outside any [[segment]] and unknown on it."""
+    return _names(OPTIONAL.sub("", template)) - _values(ev).keys() - {"\x00"}
+
+
+def render(template: str | None, ev: Ev) -> str | None:
+    if not template:
+        return None
+    values = _values(ev)
+    text = OPTIONAL.sub(lambda m: m.group(1) if _names(m.group(1)) <= values.keys() else "", template)
     try:
         return string.Formatter().vformat(text, (), values)
     except (ValueError, IndexError, KeyError, AttributeError):

@@ -16,12 +16,13 @@ from typing import Any
 
 from firstfault.schemas import WorkloadRecord
 
-from .catalog import Catalog, Example, Pattern
+from .catalog import Catalog, EarlyRule, Example, Pattern
 from .diagnose import scheduler_event
-from .early import run_early
+from .early import render, run_early, unfilled
 from .engine import analyze_files
 from .extract import Extractor
-from .model import EventSet
+from .model import Ev, EventSet
+from .prefixes import read_head
 from .python import ordered as python_rules
 
 _WL = {"workload_id": "rules-test", "attempt": 0, "scheduler": "slurm", "state": "FAILED",
@@ -54,6 +55,15 @@ def extract_one(catalog: Catalog, line: str, source: str, workload: WorkloadReco
     return evs[0] if evs else None
 
 
+def seen_as(line: str, workload: WorkloadRecord | None = None) -> str:
+    """What a pattern is searched on: the example's message once its prefixes (stamp, host, rank,
+    ...) are removed, as the extractor removes them (rules/prefixes.py); said when an example fails."""
+    wl = workload or WorkloadRecord.model_validate(_WL)
+    message = read_head(line, Extractor.context_for(wl, None)).message
+    prefix = line[:len(line) - len(message)]           # read_head only ever takes from the front
+    return f"the pattern sees {message!r}" + (f" (prefixes removed: {prefix!r})" if prefix else "")
+
+
 def _fields_ok(expected: Mapping[str, Any], got: Mapping[str, Any]) -> str | None:
     for k, v in expected.items():
         if k not in got:
@@ -69,18 +79,19 @@ def _test_pattern(catalog: Catalog, pat: Pattern) -> Result:
         src = ex.source or sorted(pat.sources)[0]
         ev = extract_one(catalog, ex.line, src)
         if ev is None or ev.pattern != pat.id:
-            res.failures.append(f"match example {i}: " + ("no event" if ev is None else f"taken by {ev.pattern}"))
+            problem = "no event" if ev is None else f"taken by {ev.pattern}"
+            res.failures.append(f"match example {i}: {problem}; {seen_as(ex.line)}")
             continue
         problem = _fields_ok(ex.fields, ev.fields)
         if problem:
-            res.failures.append(f"match example {i}: {problem}")
+            res.failures.append(f"match example {i}: {problem}; {seen_as(ex.line)}")
         else:
             res.passed += 1
     for i, ex in enumerate(pat.nomatch_examples, 1):
         for src in ([ex.source] if ex.source else sorted(pat.sources)):
             ev = extract_one(catalog, ex.line, src)
             if ev is not None and ev.pattern == pat.id:
-                res.failures.append(f"no_match example {i}: the pattern matched it")
+                res.failures.append(f"no_match example {i}: the pattern matched it; {seen_as(ex.line)}")
                 break
         else:
             res.passed += 1
@@ -114,15 +125,39 @@ def _early_events(catalog: Catalog, ex: Example) -> list:
 
 
 def _early_touched(catalog: Catalog, rule_id: str, ex: Example) -> bool:
-    _, trail = run_early(catalog, _early_events(catalog, ex))
-    return rule_id in trail.steps
+    return _early_run(catalog, rule_id, ex)[0]
+
+
+def _early_run(catalog: Catalog, rule_id: str, ex: Example) -> tuple[bool, list[Ev]]:
+    """Did the rule touch the example's events, and which ones (as the EARLY stage left them)."""
+    evs = _early_events(catalog, ex)
+    _, trail = run_early(catalog, evs)
+    return rule_id in trail.steps, [ev for ev in evs if rule_id in ev.early_rules]
+
+
+def _unfilled(rule: EarlyRule, ev: Ev) -> list[str]:
+    """The rule's sentences that print '?' on this event: the shown ``output`` (when this rule's
+    is the one shown) and a root tag's ``next_step``. Lint cannot see a decoder's fields; this can."""
+    shown = []
+    if rule.output and ev.output is not None and ev.output == render(rule.output, ev):
+        shown.append(("output", rule.output))
+    if rule.tag and rule.tag.next_step and ev.role == "root":
+        shown.append(("next_step", rule.tag.next_step))
+    problems = []
+    for what, template in shown:
+        missing = sorted(unfilled(template, ev))
+        if missing:
+            problems.append(f"{what} prints '?' for {', '.join(missing)} on this line (put it in a "
+                            "[[segment]], which is left out when a field it names is unknown)")
+    return problems
 
 
 def _what_it_made(catalog: Catalog, ex: Example) -> str:
     """The events an example line produced, so a rule that did not fire says why."""
     evs = _early_events(catalog, ex)
     if not evs:
-        return "the line produced no event (no pattern matched it)"
+        seen = f"; {seen_as(ex.line)}" if ex.source != "metrics" else ""
+        return f"the line produced no event (no pattern matched it){seen}"
     shown = []
     for ev in evs:
         fields = ", ".join(f"{k}={v!r}" for k, v in sorted(ev.fields.items()) if v is not None)
@@ -147,10 +182,14 @@ def run_rule_tests(catalog: Catalog, only: str | None = None) -> list[Result]:
             continue
         res = Result(rule.id, rule.file)
         for i, ex in enumerate(rule.fires, 1):
-            if _early_touched(catalog, rule.id, ex):
-                res.passed += 1
-            else:
+            fired, touched = _early_run(catalog, rule.id, ex)
+            problems = [p for ev in touched for p in _unfilled(rule, ev)]
+            if not fired:
                 res.failures.append(f"fires example {i}: the rule did not fire: {_what_it_made(catalog, ex)}")
+            elif problems:
+                res.failures.append(f"fires example {i}: {problems[0]}")
+            else:
+                res.passed += 1
         for i, ex in enumerate(rule.quiet, 1):
             if _early_touched(catalog, rule.id, ex):
                 res.failures.append(f"quiet example {i}: the rule fired")

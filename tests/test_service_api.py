@@ -102,10 +102,11 @@ def prefix():
 def make_client(prefix):
     """An httpx client on a fresh app; settings overrides, hooks and store pass through."""
 
-    def make(publisher=None, kafka_ready=None, store=None, **overrides) -> httpx.AsyncClient:
+    def make(publisher=None, kafka_ready=None, store=None, headers=None, **overrides) -> httpx.AsyncClient:
         settings = ServiceSettings(redis_url=REDIS_URL, redis_prefix=prefix, **overrides)
         app = create_app(settings, store=store, publisher=publisher, kafka_ready=kafka_ready)
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver",
+                                   headers=headers)
         client.app = app            # tests reach the app's store and runner through it
         return client
 
@@ -469,9 +470,9 @@ async def test_bad_json_is_400_and_bad_media_type_415(make_client):
     c = make_client()
     r = await c.post("/v1/analyze", content=b'{"workload": ', headers={"content-type": "application/json"})
     assert r.status_code == 400 and error_of(r)["code"] == "invalid_json"
-    for ctype in ("text/plain", "application/x-www-form-urlencoded"):
-        r = await c.post("/v1/analyze", content=b"hello", headers={"content-type": ctype})
-        assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
+    r = await c.post("/v1/analyze", content=b"hello", headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
+    assert "text/plain" in error_of(r)["message"]            # the refusal names what is taken
     # The upload form's type, with no file in it: the reason, not a crash
     r = await c.post("/v1/analyze", content=b"hello", headers={"content-type": "multipart/form-data; boundary=x"})
     assert r.status_code == 422 and error_of(r)["code"] == "invalid_upload"
@@ -553,7 +554,8 @@ async def test_openapi_documents_every_response_with_the_error_model(make_client
     schemas = doc["components"]["schemas"]
     assert set(schemas["ErrorDetail"]["required"]) == {"code", "message", "limit"}
     body = doc["paths"]["/v1/analyze"]["post"]["requestBody"]["content"]
-    assert set(body) == {"application/json", "application/gzip", "application/zip", "multipart/form-data"}
+    assert set(body) == {"application/json", "application/gzip", "application/zip", "multipart/form-data",
+                         "text/plain", "application/octet-stream"}
     assert body["application/json"]["schema"]["$ref"] == "#/components/schemas/AnalyzeRequest"
     assert "WorkloadRecord" in schemas
     analyze = doc["paths"]["/v1/analyze"]["post"]["responses"]
@@ -612,8 +614,12 @@ async def test_a_diagnosis_stored_without_its_bundle_says_the_context_was_not_ke
     assert other["source"] == "none" and other["lines"] == []
 
 
+# What a browser's form navigation sends (Chromium); curl sends */*.
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8"
+
+
 async def test_the_upload_form_diagnoses_an_archive_or_a_log_file_and_redirects_to_the_page(make_client):
-    c = make_client()
+    c = make_client(headers={"accept": BROWSER_ACCEPT})
     r = await c.post("/v1/analyze", files={"bundle": ("worked.zip", zip_of(WORKED), "application/zip")})
     assert r.status_code == 303 and r.headers["location"] == "/ui/diagnoses/slurm-4471823?attempt=0"
     assert (await c.get("/v1/diagnoses/slurm-4471823")).json()["diagnosis"]["sub_domain"] == "nvlink_signal_integrity"
@@ -627,6 +633,79 @@ async def test_the_upload_form_diagnoses_an_archive_or_a_log_file_and_redirects_
     assert r.status_code == 422 and "empty" in error_of(r)["message"]
     r = await c.post("/v1/analyze", data={"note": "no file"}, files={"other": ("", b"", "text/plain")})
     assert r.status_code == 422
+
+
+# marbl/canu#1052: a time-limit banner that states its own time (the bare file of test_real_inputs)
+TIME_LIMIT_LOG = (b"step 100 loss 2.1\n"
+                  b"slurmstepd: error: *** JOB 3884617 ON node023 CANCELLED AT 2018-08-19T16:30:21 DUE TO TIME LIMIT ***\n")
+
+
+def cli_json_of_file(tmp_path: Path, name: str, data: bytes) -> str:
+    """`firstfault analyze FILE --json` of ``data`` saved as ``name``, minus its trailing newline."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    return cli_json(path)
+
+
+async def test_a_plain_text_body_is_one_log_file_read_as_analyze_reads_it(make_client, tmp_path):
+    """Issue 25: a plain-text log posted to /v1/analyze got 415."""
+    expected = cli_json_of_file(tmp_path, "slurm-3884617.out", TIME_LIMIT_LOG)
+    c = make_client()
+    for ctype in ("text/plain", "text/plain; charset=utf-8", "application/octet-stream"):
+        r = await c.post("/v1/analyze", params={"name": "slurm-3884617.out"}, content=TIME_LIMIT_LOG,
+                         headers={"content-type": ctype})
+        assert r.status_code == 200, (ctype, r.text[:300])
+        assert r.headers["content-type"] == "application/json" and r.text == expected
+        assert r.headers["x-firstfault-page"] == "/ui/diagnoses/slurm-3884617?attempt=0"
+    # No name: the file is "upload.log", as the upload form names a file without one.
+    r = await c.post("/v1/analyze?store=false", content=TIME_LIMIT_LOG, headers={"content-type": "text/plain"})
+    assert r.status_code == 200 and r.json()["workload_id"] == "upload"
+    # A name is a base name only: no folder of the client's reaches the server's disk.
+    r = await c.post("/v1/analyze?store=false", params={"name": "../x/../../slurm-7.out"}, content=TIME_LIMIT_LOG,
+                     headers={"content-type": "text/plain"})
+    assert r.status_code == 200 and r.json()["workload_id"] == "slurm-7"
+    for odd in ("..", ".", "a\x00b.log"):
+        r = await c.post("/v1/analyze?store=false", params={"name": odd}, content=TIME_LIMIT_LOG,
+                         headers={"content-type": "text/plain"})
+        assert r.status_code in (200, 422), (odd, r.text[:300])
+    # An archive sent as bytes is read as the archive it is, like the form's upload.
+    r = await c.post("/v1/analyze?store=false", content=tar_gz(WORKED),
+                     headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 200 and r.text == cli_json(WORKED)
+
+
+async def test_a_plain_text_body_keeps_every_limit_and_says_what_is_wrong(make_client):
+    three = b"line one\nline two\nline three\n"
+    r = await make_client(max_lines=2).post("/v1/analyze", content=three, headers={"content-type": "text/plain"})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_LINES"
+    r = await make_client(max_body_bytes=10).post("/v1/analyze", content=three, headers={"content-type": "text/plain"})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_BODY_BYTES"
+    c = make_client()
+    r = await c.post("/v1/analyze", content=b"", headers={"content-type": "text/plain"})
+    assert r.status_code == 422 and "empty" in error_of(r)["message"]
+    r = await c.post("/v1/analyze", content=b"\x00\x01\x02binary\x00", headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 422 and "binary" in error_of(r)["message"]
+    r = await c.post("/v1/analyze", params={"name": "x" * 300}, content=three, headers={"content-type": "text/plain"})
+    assert r.status_code == 422
+
+
+async def test_a_form_upload_answers_json_to_a_client_that_asks_for_json(make_client, tmp_path):
+    """Issue 25: `curl -F` got a 303 with an empty body even when asking for JSON."""
+    expected = cli_json_of_file(tmp_path, "slurm-3884617.out", TIME_LIMIT_LOG)
+    c = make_client()
+    for accept in ("application/json", "*/*", "application/json, text/html;q=0.5"):
+        r = await c.post("/v1/analyze", files={"bundle": ("slurm-3884617.out", TIME_LIMIT_LOG, "text/plain")},
+                         headers={"accept": accept})
+        assert r.status_code == 200, (accept, r.status_code)
+        assert r.headers["content-type"] == "application/json" and r.text == expected
+        assert r.headers["x-firstfault-page"] == "/ui/diagnoses/slurm-3884617?attempt=0"
+    # A browser's form navigation still lands on the page.
+    r = await c.post("/v1/analyze", files={"bundle": ("slurm-3884617.out", TIME_LIMIT_LOG, "text/plain")},
+                     headers={"accept": BROWSER_ACCEPT})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/diagnoses/slurm-3884617?attempt=0"
+    r = await c.post("/v1/analyze", files={"bundle": ("x.log", TIME_LIMIT_LOG, "text/plain")},
+                     headers={"accept": "text/html"})
+    assert r.status_code == 303
 
 
 async def test_context_kept_per_diagnosis_is_bounded_and_a_missing_one_says_why(make_client, monkeypatch):

@@ -1,4 +1,4 @@
-"""Turn a POST /v1/analyze body into the engine's Bundle: JSON form or bundle archive.
+"""Turn a POST /v1/analyze body into the engine's Bundle: JSON form, bundle archive or one log file.
 
 Both forms end in the same ``Bundle`` the CLI builds (``open_archive`` /
 ``bundle_from_files``), so the diagnosis is byte-identical to ``firstfault analyze``.
@@ -28,6 +28,10 @@ from .settings import ServiceSettings
 
 JSON = "application/json"
 MULTIPART = "multipart/form-data"           # the pages' upload form
+# One log file as its bytes (curl --data-binary): read as `firstfault analyze FILE` reads it.
+LOG_TYPES = ("text/plain", "application/octet-stream")
+DEFAULT_NAME = "upload.log"                 # a file that comes without a name
+MAX_NAME_BYTES = 255                        # what a file system takes for one name
 ARCHIVE_TYPES = {
     "application/gzip": "tar", "application/x-gzip": "tar",     # a .tar.gz bundle
     "application/zip": "zip", "application/x-zip-compressed": "zip",
@@ -133,10 +137,11 @@ def from_archive(body: bytes, kind: str, settings: ServiceSettings, deadline: fl
 def check_media_type(content_type: str | None) -> str:
     """The body's media type, or 415 before any of the body is read."""
     mt = media_type(content_type)
-    if mt != JSON and mt != MULTIPART and mt not in ARCHIVE_TYPES:
+    if mt != JSON and mt != MULTIPART and mt not in ARCHIVE_TYPES and mt not in LOG_TYPES:
         raise ApiError(415, "unsupported_media_type",
                        f"Content-Type {mt or '(none)'!r} is not one of application/json, application/gzip "
-                       "(a .tar.gz bundle), application/zip, multipart/form-data (a file upload)")
+                       "(a .tar.gz bundle), application/zip, text/plain or application/octet-stream "
+                       "(one log file), multipart/form-data (a file upload)")
     return mt
 
 
@@ -145,6 +150,8 @@ def bundle_from_body(body: bytes, content_type: str | None, settings: ServiceSet
     mt = check_media_type(content_type)
     if mt == JSON:
         return from_json(body, settings, deadline)
+    if mt not in ARCHIVE_TYPES:
+        raise ValueError(f"{mt} is one log file, not a bundle: use evidence_from_log")
     return from_archive(body, ARCHIVE_TYPES[mt], settings, deadline)
 
 
@@ -159,6 +166,17 @@ class Evidence:
             self.tmp.cleanup()
 
 
+def file_name(given: str | None) -> str:
+    """The base name a client gave its file (the workload id is its stem, as for `analyze FILE`):
+    no folder of the client's reaches the server's disk."""
+    name = PurePosixPath((given or "").replace("\\", "/")).name
+    if "\x00" in name:
+        raise ApiError(422, "invalid_upload", "the file name holds a NUL byte")
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        raise ApiError(422, "invalid_upload", f"the file name is longer than {MAX_NAME_BYTES} bytes")
+    return name if name not in ("", ".", "..") else DEFAULT_NAME
+
+
 def upload_part(body: bytes, content_type: str) -> tuple[str, bytes]:
     """The uploaded file of a multipart/form-data body: (its base name, its bytes)."""
     head = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
@@ -168,7 +186,7 @@ def upload_part(body: bytes, content_type: str) -> tuple[str, bytes]:
     for part in msg.iter_parts():
         if part.get_filename() is not None:
             data = part.get_payload(decode=True) or b""
-            name = PurePosixPath(part.get_filename().replace("\\", "/")).name or "upload.log"
+            name = file_name(part.get_filename())
             if not data:
                 raise ApiError(422, "invalid_upload", f"the uploaded file {name!r} is empty")
             return name, data
@@ -177,9 +195,23 @@ def upload_part(body: bytes, content_type: str) -> tuple[str, bytes]:
 
 def evidence_from_upload(body: bytes, content_type: str, settings: ServiceSettings,
                          deadline: float | None = None) -> Evidence:
-    """A file from the upload form: a bundle archive, the JSON form, or one log file as
-    `firstfault analyze FILE` reads it (kind sniffed, nodes and window inferred)."""
+    """A file from the upload form (see ``evidence_from_file``)."""
     name, data = upload_part(body, content_type)
+    return evidence_from_file(name, data, settings, deadline)
+
+
+def evidence_from_log(body: bytes, name: str | None, settings: ServiceSettings,
+                      deadline: float | None = None) -> Evidence:
+    """A text/plain or application/octet-stream body: one file named ``name`` (see ``evidence_from_file``)."""
+    if not body:
+        raise ApiError(422, "invalid_upload", "the body is empty: post the text of a log file")
+    return evidence_from_file(file_name(name), body, settings, deadline)
+
+
+def evidence_from_file(name: str, data: bytes, settings: ServiceSettings,
+                       deadline: float | None = None) -> Evidence:
+    """One file: a bundle archive, the JSON form, or one log file as `firstfault analyze FILE`
+    reads it (kind sniffed, nodes and window inferred)."""
     if data[:2] == b"\x1f\x8b":
         return Evidence(from_archive(data, "tar", settings, deadline))
     if data[:4] == b"PK\x03\x04":

@@ -18,7 +18,8 @@ from firstfault.schemas import Diagnosis
 
 from .context import ServiceContext, call_hook
 from .errors import ApiError, responses
-from .evidence import JSON, MULTIPART, Evidence, bundle_from_body, check_media_type, evidence_from_upload, media_type
+from .evidence import (JSON, LOG_TYPES, MAX_NAME_BYTES, MULTIPART, Evidence, bundle_from_body, check_media_type,
+                       evidence_from_log, evidence_from_upload)
 from .excerpts import context, excerpts
 from .limits import read_body
 from .models import DiagnosisPage, DiagnosisRecord, Health, NodeDiagnosisPage, Readiness
@@ -48,14 +49,41 @@ ANALYZE_BODY = {
                              "description": "a .tar.gz bundle (layout at the root or under one folder)"},
         "application/zip": {"schema": {"type": "string", "format": "binary"}, "description": "a .zip bundle"},
         MULTIPART: {"schema": {"type": "object", "properties": {"bundle": {"type": "string", "format": "binary"}}},
-                    "description": "the pages' upload form: a bundle archive, the JSON form or one log file; "
-                                   "answered with a redirect (303) to the diagnosis page"},
+                    "description": "the pages' upload form (curl -F bundle=@FILE): a bundle archive, the JSON form "
+                                   "or one log file; a browser (Accept prefers text/html) is redirected (303) to "
+                                   "the diagnosis page, any other client gets the diagnosis"},
+        **{mt: {"schema": {"type": "string", "format": "binary"},
+                "description": "one log file (slurm-1234.out, dmesg.txt), read as `firstfault analyze FILE` "
+                               "reads it; `name` gives its file name"} for mt in LOG_TYPES},
     },
 }
 
 
 def page_url(d: Diagnosis) -> str:
     return f"/ui/diagnoses/{quote(d.workload_id, safe='/')}?attempt={d.attempt}"
+
+
+def wants_page(accept: str | None) -> bool:
+    """Does the client prefer an HTML page to JSON? A browser's form navigation does
+    (``text/html,...,*/*;q=0.8``); curl's ``*/*`` and ``application/json`` do not."""
+    ranges = []
+    for item in (accept or "").split(","):
+        mt, *params = [p.strip() for p in item.split(";")]
+        q = next((p[2:] for p in params if p.startswith("q=")), "1")
+        try:
+            ranges.append((mt.lower(), float(q)))
+        except ValueError:
+            continue
+
+    def quality(media: str) -> float:
+        kind = media.split("/")[0] + "/*"
+        for candidate in (media, kind, "*/*"):             # the most specific range decides (RFC 9110)
+            found = [q for mt, q in ranges if mt == candidate]
+            if found:
+                return max(found)
+        return 0.0
+
+    return quality("text/html") > quality("application/json")
 
 
 def _diagnosis_response(d: Diagnosis, headers: dict[str, str] | None = None) -> Response:
@@ -73,11 +101,14 @@ def build_router(ctx: ServiceContext) -> APIRouter:
     @router.post(
         "/v1/analyze", tags=["analyze"], dependencies=[write], response_class=JSONResponse,
         summary="Diagnose one workload attempt's evidence",
-        description="The body is the JSON form or a bundle archive. Returns the diagnosis exactly as "
+        description="The body is the JSON form, a bundle archive, or one log file (text/plain or "
+                    "application/octet-stream, named by `name`: read as `firstfault analyze FILE` reads it). "
+                    "Returns the diagnosis exactly as "
                     "`firstfault analyze --json` prints it, and keeps it in the diagnoses store (with the "
                     "lines around each log reference) unless `store=false`; the `X-Firstfault-Page` header "
                     "gives its page. `publish=true` sends it to the diagnoses topic (409 when no publisher "
-                    "is configured). A form upload (multipart/form-data) is answered with a redirect to the page. "
+                    "is configured). A form upload (multipart/form-data) is always stored; a browser's is "
+                    "answered with a redirect to the page, any other client's with the diagnosis. "
                     "When stored and the store holds attempt N-1 of the workload, an attempt that fails like it "
                     "has its recovery escalated, and says so in `recovery.reason`.",
         openapi_extra={"requestBody": ANALYZE_BODY},
@@ -89,28 +120,32 @@ def build_router(ctx: ServiceContext) -> APIRouter:
                                                            "schema": {"type": "string"}},
                                      "X-Firstfault-Published": {"description": "with publish=true: `true`",
                                                                 "schema": {"type": "string"}}}},
-                   303: {"description": "a form upload (multipart/form-data) was diagnosed and stored: "
-                                        "its page is in Location",
+                   303: {"description": "a browser's form upload (multipart/form-data, Accept preferring "
+                                        "text/html) was diagnosed and stored: its page is in Location",
                          "headers": {"Location": {"description": "the diagnosis page", "schema": {"type": "string"}}}},
                    **responses(400, 401, 403, 409, 413, 415, 422, 503, 504)})
     async def analyze(request: Request,
                       store: Annotated[bool, Query(description="keep the diagnosis in the diagnoses store")] = True,
-                      publish: Annotated[bool, Query(description="send it to the diagnoses topic")] = False
+                      publish: Annotated[bool, Query(description="send it to the diagnoses topic")] = False,
+                      name: Annotated[str | None, Query(
+                          max_length=MAX_NAME_BYTES, description="with a text/plain or application/octet-stream "
+                          "body: the log's file name (slurm-1234.out; the workload id is its stem); "
+                          "default upload.log")] = None,
                       ) -> Response:
         try:
-            return await _analyze(request, store, publish)
+            return await _analyze(request, store, publish, name)
         except ApiError as exc:
             if exc.limit:
                 ctx.metrics.rejections.labels(exc.limit).inc()
             raise
 
-    async def _analyze(request: Request, store: bool, publish: bool) -> Response:
+    async def _analyze(request: Request, store: bool, publish: bool, name: str | None) -> Response:
         if publish and ctx.publisher is None:
             raise ApiError(409, "publish_not_configured",
                            "publishing is not configured on this service (no diagnoses topic producer)")
         content_type = request.headers.get("content-type")
-        check_media_type(content_type)
-        upload = media_type(content_type) == MULTIPART
+        mt = check_media_type(content_type)
+        upload = mt == MULTIPART
         body = await read_body(request, settings)
         deadline = ctx.runner.deadline()
 
@@ -119,8 +154,12 @@ def build_router(ctx: ServiceContext) -> APIRouter:
             start = time.perf_counter()
             ev: Evidence | None = None
             try:
-                ev = (evidence_from_upload(body, content_type or "", settings, deadline) if upload
-                      else Evidence(bundle_from_body(body, content_type, settings, deadline)))
+                if upload:
+                    ev = evidence_from_upload(body, content_type or "", settings, deadline)
+                elif mt in LOG_TYPES:
+                    ev = evidence_from_log(body, name, settings, deadline)
+                else:
+                    ev = Evidence(bundle_from_body(body, content_type, settings, deadline))
                 d = analyze_bundle(ev.bundle, ctx.catalog, intake=ev.intake, deadline=deadline).diagnosis
                 # The lines around each reference, while the bundle is at hand (it is not kept).
                 lines = excerpts(ev.bundle, d) if store or upload else None
@@ -149,7 +188,7 @@ def build_router(ctx: ServiceContext) -> APIRouter:
             headers["X-Firstfault-Stored"] = "true" if saved else "false"
             headers["X-Firstfault-Page"] = page
             headers["Link"] = f'<{page}>; rel="alternate"; type="text/html"'
-            if upload:
+            if upload and wants_page(request.headers.get("accept")):
                 return RedirectResponse(page, status_code=303, headers=headers)
         if publish:
             assert ctx.publisher is not None
