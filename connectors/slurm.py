@@ -26,6 +26,15 @@ When the scheduler ended the job (TIMEOUT, NODE_FAIL, PREEMPTED, DEADLINE, BOOT_
 the last step, which Slurm records as merely ``CANCELLED``, takes the job's state.
 ``exit_code`` is ``"N:M"`` (exit status : signal), as ``sacct`` prints it.
 
+**Slurm 22.05** (Debian 12's ``slurm-wlm``; tested against a real cluster in
+tests/test_slurm_real.py) prints an older JSON (``openapi/dbv0.0.38``): one state word
+instead of a list, step ids as ``0``/``"batch"`` beside ``job_id``, ``null`` for empty
+strings, ``signal_id``, no ``restart_cnt`` (an incarnation's rank in start order stands
+in; a first incarnation ended by ``scontrol requeue`` says ``REQUEUED``), "Nothing found"
+as an error for an empty selection, and every exited job or step as
+``{"status": "SUCCESS", "return_code": 0}`` whatever its status: exit codes then come from
+``sacct --parsable2`` for the same selection (one more query to slurmdbd per query).
+
 **Position.** A state file keeps the polling watermark and the keys already
 published. Each poll asks ``squeue`` which jobs run now (slurmctld's live view: a
 start is seen even while slurmdbd lags), ``sacct`` for everything active since the
@@ -46,13 +55,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from firstfault.schemas import SchedulerEvent, WorkloadRecord
 from firstfault.streams.config import StreamConfig
@@ -68,8 +78,9 @@ log = logging.getLogger("firstfault.connectors.slurm")
 BASE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
                "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
 NOT_ENDED = frozenset({"PENDING", "RUNNING", "SUSPENDED"})
-# The scheduler ended the job: its last step only says CANCELLED (or FAILED).
-SCHEDULER_ENDED = frozenset({"TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL"})
+# The scheduler ended the job: its last step only says CANCELLED (or FAILED). Slurm 22.05
+# records an incarnation ended by ``scontrol requeue`` as REQUEUED.
+SCHEDULER_ENDED = frozenset({"TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL", "REQUEUED"})
 BOOKKEEPING_STEPS = frozenset({"batch", "extern", "interactive", "pending"})
 
 
@@ -91,6 +102,12 @@ def _num(value: Any) -> int | None:
 
 class _Loose(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        # Slurm 22.05 (openapi v0.0.38) writes null where data_parser writes "" or leaves the key out.
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class Tres(_Loose):
@@ -116,13 +133,21 @@ class ExitCode(_Loose):
         if "PENDING" in self.status:
             return None
         rc = _num(self.return_code) or 0
-        sig = _num(self.signal.get("id")) or 0
+        sig = _num(self.signal.get("id", self.signal.get("signal_id"))) or 0     # 22.05: signal_id
         return f"{rc}:{sig}"
 
 
 class StepId(_Loose):
     id: str
     name: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _qualify(cls, data: Any) -> Any:
+        # 22.05 gives {"job_id": 7, "id": 0 | "batch"}; data_parser, "7.0" / "7.batch".
+        if isinstance(data, dict) and "." not in str(data.get("id", ".")) and data.get("job_id") is not None:
+            return {**data, "id": f"{data['job_id']}.{data['id']}"}
+        return data
 
 
 class StepNodes(_Loose):
@@ -191,6 +216,7 @@ class SqueueJob(_Loose):
     time_limit: Any = None
     restart_cnt: int = 0
     tres_alloc_str: str = ""
+    state_reason: str = ""
 
     @field_validator("job_state", mode="before")
     @classmethod
@@ -206,9 +232,9 @@ class SqueueOutput(_Loose):
 
 # ---------------------------------------------------------------- mapping
 
-def base_state(words: Iterable[str]) -> str:
-    """The base state among data_parser's state words (the rest are flags)."""
-    words = list(words)
+def base_state(words: Iterable[str] | str) -> str:
+    """The base state among data_parser's state words (the rest are flags); 22.05 gives one word."""
+    words = [words] if isinstance(words, str) else list(words)
     return next((w for w in words if w in BASE_STATES), words[0] if words else "UNKNOWN")
 
 
@@ -269,7 +295,9 @@ def executions(records: Sequence[SacctJob]) -> list[Execution]:
     ordered = sorted(records, key=lambda j: (_num(j.time.get("start")) or 2**62, j.restart_cnt,
                                              _num(j.time.get("submission")) or 0))
     out: list[Execution] = []
-    for job in ordered:
+    for i, job in enumerate(ordered):
+        if "restart_cnt" not in job.model_fields_set:      # 22.05 does not say: the incarnation's rank
+            job = job.model_copy(update={"restart_cnt": i})
         steps = sorted((s for s in job.steps if s.number is not None), key=lambda s: s.number)
         if not steps:
             out.append(Execution(job, None, len(out), True))
@@ -350,6 +378,49 @@ def _squeue_start(job: SqueueJob) -> SchedulerEvent | None:
     return SchedulerEvent(type="start", workload=wl, ts=start)
 
 
+# ---------------------------------------------------------------- Slurm 22.05 exit codes
+
+def exit_codes_unreliable(doc: dict[str, Any]) -> bool:
+    """Slurm 22.05's ``sacct --json`` (openapi/dbv0.0.38) prints every job and step that exited,
+    whatever its status, as ``{"status": "SUCCESS", "return_code": 0}``; only signals survive."""
+    return str(doc.get("meta", {}).get("plugin", {}).get("type", "")).startswith("openapi/dbv0.0.3")
+
+
+EXIT_CODE_FORMAT = "--format=JobIDRaw,Start,ExitCode"
+NOTHING_FOUND = 9003          # ESLURM_REST_EMPTY_RESULT: 22.05's "Nothing found with query"
+
+
+def parse_exit_codes(text: str) -> dict[tuple[str, int], str]:
+    """``sacct --parsable2 --noheader`` with EXIT_CODE_FORMAT and SLURM_TIME_FORMAT=%s -> {(id, start): "N:M"}."""
+    out: dict[tuple[str, int], str] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 3 and parts[1].isdigit() and ":" in parts[2]:
+            out[(parts[0], int(parts[1]))] = parts[2]
+    return out
+
+
+def _exit_doc(code: str) -> dict[str, Any]:
+    rc, _, sig = code.partition(":")
+    rc_n, sig_n = int(rc or 0), int(sig or 0)
+    status = "SIGNALED" if sig_n else ("ERROR" if rc_n else "SUCCESS")
+    return {"status": [status], "return_code": rc_n, "signal": {"id": sig_n}}
+
+
+def patch_exit_codes(doc: dict[str, Any], codes: dict[tuple[str, int], str]) -> dict[str, Any]:
+    """Put sacct's text exit codes into its JSON, matching job/step id and start time (requeues share ids)."""
+    for job in doc.get("jobs", []):
+        code = codes.get((str(job.get("job_id")), _num((job.get("time") or {}).get("start")) or 0))
+        if code:
+            job["exit_code"] = _exit_doc(code)
+        for step in job.get("steps") or []:
+            sid = StepId.model_validate({"job_id": job.get("job_id"), **(step.get("step") or {})}).id
+            code = codes.get((sid, _num((step.get("time") or {}).get("start")) or 0))
+            if code:
+                step["exit_code"] = _exit_doc(code)
+    return doc
+
+
 def _parse(model: type[BaseModel], doc: dict[str, Any] | BaseModel) -> Any:
     return doc if isinstance(doc, model) else model.model_validate(doc)
 
@@ -369,13 +440,21 @@ def scheduler_events(sacct: Sequence[dict[str, Any] | SacctOutput],
             key = (_num(job.time.get("submission")) or 0, _num(job.time.get("start")) or 0, job.restart_cnt)
             fresh.setdefault(job.job_id, {})[key] = job
         by_job.update(fresh)             # a later read replaces the whole history of a job
+    # Why the controller ended a job (TimeLimit, NodeDown, NonZeroExitCode...): accounting has no
+    # such word for ended jobs; slurmctld keeps it MinJobAge (300 s by default) after the end.
+    reasons = {} if squeue is None else {
+        j.job_id: j.state_reason for j in _parse(SqueueOutput, squeue).jobs
+        if j.state_reason not in ("", "None") and base_state(j.job_state) not in NOT_ENDED}
     events: dict[tuple[str, int, str], SchedulerEvent] = {}
-    for records in by_job.values():
-        for ex in executions(list(records.values())):
+    for job_id, records in by_job.items():
+        history = executions(list(records.values()))
+        for ex in history:
             ended = _ended(ex)
             rec = _record(ex, ended)
             if rec is None:
                 continue
+            if ended and ex is history[-1] and job_id in reasons:
+                rec = WorkloadRecord.model_validate({**rec.model_dump(), "reason": reasons[job_id]})
             start_rec = rec if not ended else WorkloadRecord.model_validate(
                 {**rec.model_dump(), "state": "RUNNING", "exit_code": None, "end_time": None})
             events[(rec.workload_id, rec.attempt, "start")] = SchedulerEvent(type="start", workload=start_rec,
@@ -443,41 +522,62 @@ class SlurmConnector:
         self.metrics = metrics
         self.state = PositionState.load(self.state_path)
 
-    def _run(self, argv: list[str]) -> dict[str, Any]:
+    def _text(self, argv: list[str], env: dict[str, str] | None = None) -> str:
         try:
-            out = subprocess.run(argv, capture_output=True, timeout=self.timeout_s, check=False)
+            out = subprocess.run(argv, capture_output=True, timeout=self.timeout_s, check=False,
+                                 env={**os.environ, **env} if env else None)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SlurmError(f"{argv[0]}: {exc}") from None
         if out.returncode != 0:
             raise SlurmError(f"{' '.join(argv[:2])} exited {out.returncode}: {out.stderr.decode(errors='replace')[:300]}")
+        return out.stdout.decode(errors="replace")
+
+    def _sacct(self, selection: list[str]) -> dict[str, Any]:
+        """``sacct --json`` for a selection; on 22.05 its exit codes come from the text form (one more call)."""
+        doc = self._run([self.sacct, "--json", "--allusers", "--duplicates", *selection, *self.extra_args])
+        if exit_codes_unreliable(doc) and doc.get("jobs"):
+            text = self._text([self.sacct, "--parsable2", "--noheader", "--allusers", "--duplicates", EXIT_CODE_FORMAT,
+                               *selection, *self.extra_args], env={"SLURM_TIME_FORMAT": "%s"})
+            patch_exit_codes(doc, parse_exit_codes(text))
+        return doc
+
+    def _run(self, argv: list[str]) -> dict[str, Any]:
+        stdout = self._text(argv)
         try:
-            doc = json.loads(out.stdout)
+            doc = json.loads(stdout)
         except ValueError as exc:
             raise SlurmError(f"{argv[0]} printed no JSON: {exc}") from None
-        if doc.get("errors"):
-            raise SlurmError(f"{argv[0]} reported errors: {doc['errors'][:3]}")
+        # 22.05 reports an empty selection (a quiet window, jobs slurmdbd has not recorded yet) as an error
+        errors = [e for e in doc.get("errors") or []
+                  if not (isinstance(e, dict) and e.get("error_number") == NOTHING_FOUND)]
+        if errors:
+            raise SlurmError(f"{argv[0]} reported errors: {errors[:3]}")
         return doc
 
     def read(self, now: float) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         """One poll's ``sacct`` outputs (oldest view first: later ones win) and ``squeue``'s."""
         since = (self.state.watermark - self.overlap_s) if self.state.watermark else now - self.lookback_s
-        window = self._run([self.sacct, "--json", "--allusers", "--duplicates", "--starttime", _when(since),
-                            "--endtime", "now", *self.extra_args])
+        window = self._sacct(["--starttime", _when(since), "--endtime", "now"])
         running = None
         if self.squeue:
             try:
                 running = self._run([self.squeue, "--json", *self.extra_args])
             except SlurmError as exc:        # slurmctld busy or down: accounting alone still works
                 log.warning("squeue failed, using sacct alone this round: %s", exc)
-        in_window = {j.get("job_id") for j in window.get("jobs", [])}
-        requeued = {j.get("job_id") for j in window.get("jobs", []) if j.get("restart_cnt")}
+        records = window.get("jobs", [])
+        in_window = {j.get("job_id") for j in records}
+        # Requeued: restart_cnt (24.11), else (22.05 has none) a REQUEUED incarnation, several
+        # incarnations, or the controller's count.
+        requeued = {j.get("job_id") for j in records
+                    if j.get("restart_cnt") or base_state((j.get("state") or {}).get("current") or []) == "REQUEUED"}
+        requeued |= {i for i, n in Counter(j.get("job_id") for j in records).items() if n > 1}
+        requeued |= {j.get("job_id") for j in (running or {}).get("jobs", []) if j.get("restart_cnt")}
         # Jobs open in our books whatever their age, and the whole history of requeued ones
         # (``-j`` without ``-S`` reads from the epoch), so attempt numbers never shift.
         by_id = sorted((set(self.state.open_jobs) - in_window) | requeued)
         docs = [window]
         if by_id:
-            docs.append(self._run([self.sacct, "--json", "--allusers", "--duplicates", "--jobs",
-                                   ",".join(map(str, by_id)), *self.extra_args]))
+            docs.append(self._sacct(["--jobs", ",".join(map(str, by_id))]))
         return docs, running
 
     def poll(self, now: float | None = None) -> list[SchedulerEvent]:

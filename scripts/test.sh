@@ -5,13 +5,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # System programs some tests drive for real: headless Chromium (the diagnosis page),
-# promtool (alert rules), rsyslog's omkafka and kcat (the log shipper recipes). Installed from Debian's packages when we are root (CI is);
-# elsewhere those tests say they were skipped and why.
+# promtool (alert rules), rsyslog's omkafka and kcat (the log shipper recipes), and a
+# one-host Slurm cluster (munge, slurmdbd on MariaDB, slurmctld, slurmd: the Slurm connector).
+# Installed from Debian's packages when we are root (CI is); elsewhere those tests say
+# they were skipped and why.
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
 ls /usr/lib/*/rsyslog/omkafka.so >/dev/null 2>&1 || need+=(rsyslog rsyslog-kafka)
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] || need+=(slurm-wlm)
+[ -x /usr/sbin/slurmdbd ] || need+=(slurmdbd)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${need[*]} (Debian packages) ..."
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null 2>&1 \

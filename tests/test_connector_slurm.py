@@ -233,3 +233,38 @@ def test_command_line_dry_run_prints_events(standin, capsys):
     lines = [SchedulerEvent.model_validate_json(line) for line in capsys.readouterr().out.splitlines()]
     assert {(e.type, e.workload.workload_id, e.workload.attempt) for e in lines} >= {
         ("end", "slurm-4471841", 0), ("start", "slurm-4471823", 1)}
+
+
+# ---------------------------------------------------------------- Slurm 22.05, as its real commands print
+
+def test_slurm_22_05_output_with_exit_codes_from_the_text_form():
+    # Recorded from the real cluster of test_slurm_real.py (Debian 12's Slurm 22.05.8): a job
+    # exiting 1, a time limit, a requeue (attempt 1 then cancelled), n3 set DOWN under a 2-node job.
+    doc = load("22.05")
+    assert slurm.exit_codes_unreliable(doc) and not slurm.exit_codes_unreliable(load("phase2"))
+    assert {j["exit_code"]["status"] for j in doc["jobs"]} == {"SUCCESS"}       # what 22.05's JSON claims
+    codes = slurm.parse_exit_codes((FIX / "22.05" / "sacct-exit-codes.txt").read_text())
+    events = scheduler_events([slurm.patch_exit_codes(doc, codes)], load("22.05", "squeue"))
+    ends = {(e.workload.workload_id, e.workload.attempt): e.workload for e in events if e.type == "end"}
+    got = {k: (w.state, w.exit_code, w.nodes, w.model_extra["slurm_step"], w.model_extra["restart_cnt"])
+           for k, w in ends.items()}
+    assert got == {
+        ("slurm-3", 0): ("FAILED", "1:0", ["n1"], None, 0),                   # no srun: the allocation
+        ("slurm-4", 0): ("TIMEOUT", "0:15", ["n1"], "4.0", 0),                # the step got SIGTERM
+        ("slurm-5", 0): ("REQUEUED", "0:15", ["n1"], "5.0", 0),               # scontrol requeue
+        ("slurm-5", 1): ("CANCELLED by root", "0:15", ["n1"], "5.0", 1),
+        ("slurm-6", 0): ("NODE_FAIL", "0:15", ["n2", "n3"], "6.0", 0),
+    }
+    # the controller's reason for jobs it still holds (squeue was read while job 4 still ran)
+    assert {k: w.model_extra.get("reason") for k, w in ends.items() if w.model_extra.get("reason")} == {
+        ("slurm-3", 0): "NonZeroExitCode", ("slurm-6", 0): "NodeDown"}
+
+
+def test_slurm_22_05_nothing_found_is_an_empty_answer(tmp_path):
+    conn = SlurmConnector(tmp_path / "state.json", publisher=None)
+    nothing = (FIX / "22.05" / "sacct-nothing-found.json").read_text()
+    conn._text = lambda argv, env=None: nothing                          # type: ignore[method-assign]
+    assert conn._run(["sacct", "--json"])["jobs"] == []
+    conn._text = lambda argv, env=None: nothing.replace("9003", "1")      # type: ignore[method-assign]
+    with pytest.raises(SlurmError, match="Nothing found"):
+        conn._run(["sacct", "--json"])
