@@ -29,7 +29,16 @@ STREAM_ONLY = ("revision", "provisional")
 
 @pytest.fixture
 def running(kafka_bootstrap, unique_name, tmp_path):
+    """A pipeline whose grace is long enough for late lines to arrive inside it (30 s)."""
     with running_pipeline(pipeline_cfg(kafka_bootstrap, unique_name("pipe")), tmp_path) as cfg:
+        yield cfg
+
+
+@pytest.fixture
+def running_short(kafka_bootstrap, unique_name, tmp_path):
+    """A pipeline with a short grace (4 s): a final waits for the extractors' progress, not for the grace."""
+    cfg = pipeline_cfg(kafka_bootstrap, unique_name("pipe")).model_copy(update={"grace_cap_s": 4.0})
+    with running_pipeline(cfg, tmp_path) as cfg:
         yield cfg
 
 
@@ -59,7 +68,8 @@ def _with_metrics(tmp_path: Path) -> Path:
     return dst
 
 
-def test_every_sample_through_the_pipeline_matches_analyze(running, tmp_path):
+def test_every_sample_through_the_pipeline_matches_analyze(running_short, tmp_path):
+    running = running_short
     # The worked example goes with metrics samples (its hosts and times are its own: a second
     # copy would share node-scoped lines with it).
     samples = [_with_metrics(tmp_path) if p.name == "worked-example" else p for p in sample_dirs()]
@@ -98,7 +108,8 @@ def test_late_root_cause_inside_the_grace_still_counts(running, tmp_path):
     assert _bare(got[0]) == json.loads(analyze_path(bundle).diagnosis.to_json())
 
 
-def test_late_root_cause_after_the_diagnosis_gives_revision_1(running, tmp_path):
+def test_late_root_cause_after_the_diagnosis_gives_revision_1(running_short, tmp_path):
+    running = running_short
     # node-02's syslog arrives after the diagnosis was published (separate workload ids and
     # topics: the two cases share hosts and times, so their node-scoped lines would mix).
     bundle = _renamed_worked_example(tmp_path, "late-after-final")
@@ -339,7 +350,7 @@ BARE = ["corpus/real/ho-gsp-xid119-rpc-timeouts-a100-ogkm-446/input/dmesg.txt", 
         "corpus/real/ho-hostoom-slurm-cgroup-oomkill-batch-arjuna-52/input/error_191.err"]   # a job's stderr
 
 
-def test_a_bare_file_ships_as_analyze_reads_it(running, tmp_path):
+def test_a_bare_file_ships_as_analyze_reads_it(running_short, tmp_path):
     """`ship` takes what `analyze` takes: a log file with no workload.json is published with the
     workload record `analyze` infers for it, and the stream's final diagnosis is analyze's."""
     root = Path(__file__).resolve().parents[1]
@@ -347,8 +358,8 @@ def test_a_bare_file_ships_as_analyze_reads_it(running, tmp_path):
     for rel in BARE:
         want = analyze_path(root / rel).diagnosis
         expected[want.workload_id] = want
-        ship(root / rel, running)
-    got = read_finals(running, lambda out: set(out) >= set(expected))
+        ship(root / rel, running_short)
+    got = read_finals(running_short, lambda out: set(out) >= set(expected))
     for wid, want in expected.items():
         assert wid in got, (wid, sorted(got))
         assert _bare(got[wid][0]) == json.loads(want.to_json()), wid
