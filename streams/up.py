@@ -376,12 +376,28 @@ def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worke
     return "\n".join(lines)
 
 
+def slurm_workers(env: dict[str, str], rundir: str, output: str | None = None) -> list[Worker]:
+    """``--slurm``: the connector (start and end events from sacct/squeue) and the tailer of the jobs'
+    output files (connectors/slurm_tail.py), both on the Slurm commands on PATH and SLURM_CONF."""
+    py = sys.executable
+    env = dict(env)
+    # Its position lives as long as this `up` (the embedded broker keeps nothing either), so a
+    # fresh start looks back only as far as the tailer can still find output (slurmctld's MinJobAge).
+    env.setdefault("FIRSTFAULT_SLURM_STATE", str(Path(rundir) / "slurm-state.json"))
+    env.setdefault("FIRSTFAULT_SLURM_LOOKBACK_S", "600")
+    tail = [py, "-m", "firstfault.connectors.slurm_tail"] + (["--output", output] if output else [])
+    return [Worker("slurm", [py, "-m", "firstfault.connectors.slurm"], env, rundir),
+            Worker("slurm-tail", tail, env, rundir)]
+
+
 def make_workers(cfg: StreamConfig, extractors: int, rundir: str, log: Path | None = None,
-                 log_fd: int | None = None) -> list[Worker]:
+                 log_fd: int | None = None, slurm: bool = False, slurm_output: str | None = None) -> list[Worker]:
     env = worker_env(cfg)
     py = sys.executable
-    ws = [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir, cfg.extractor_group)
-          for i in range(extractors)]
+    # Sources first: they stop first, so what they sent is still read by the extractors.
+    ws = slurm_workers(env, rundir, slurm_output) if slurm else []
+    ws += [Worker(f"extractor-{i + 1}", [py, "-m", "firstfault.streams.extractor"], env, rundir, cfg.extractor_group)
+           for i in range(extractors)]
     ws.append(Worker("correlator", [py, "-m", "firstfault.streams.correlator"], env, rundir, cfg.app_id))
     if cfg.redis_url:       # fleet memory lives in Redis; without it `firstfault nodes --rebuild` reads the topic
         group = f"{cfg.app_id}-node-health"
@@ -397,7 +413,7 @@ def make_workers(cfg: StreamConfig, extractors: int, rundir: str, log: Path | No
         if w.name == "node-health":             # serves no health port: judged by its group
             continue
         port = free_port() if base is None else (base + i if base else 0)
-        w.env = {**env, "FIRSTFAULT_METRICS_PORT": str(port)}
+        w.env = {**w.env, "FIRSTFAULT_METRICS_PORT": str(port)}
         w.health_port = port or None
     return ws
 
@@ -521,9 +537,11 @@ def _last_lines(path: Path, n: int = 3) -> str:
 
 
 def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, run_file: Path | None = None,
-           log_file: Path | None = None, rules_version: str = "", log_fd: int | None = None) -> int:
+           log_file: Path | None = None, rules_version: str = "", log_fd: int | None = None, slurm: bool = False,
+           slurm_output: str | None = None) -> int:
     """The pipeline until a signal. ``run_file``: where an embedded broker is announced (None: nowhere);
-    ``log_file``: where worker output goes (None: our stderr), ``log_fd`` open on it."""
+    ``log_file``: where worker output goes (None: our stderr), ``log_fd`` open on it; ``slurm``: with the
+    Slurm connector and output tailer (``slurm_output``: the jobs' output file pattern)."""
     rundir = tempfile.mkdtemp(prefix="firstfault-up-")
     if cfg.rules:             # workers run in the run directory: a relative rules path must survive that
         cfg = cfg.model_copy(update={"rules": str(Path(cfg.rules).resolve())})
@@ -570,7 +588,8 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
         # An external Tansu keeps its groups across our restart: stop group members with a pause.
         # (The embedded broker is stopped right after, so its groups do not matter.)
         settle = 5.0 if broker is None and extractors > 1 and broker_is_tansu(cfg) else 0.0
-        sup = Supervisor(make_workers(cfg, extractors, rundir, log_file, log_fd), stop_timeout, settle)
+        sup = Supervisor(make_workers(cfg, extractors, rundir, log_file, log_fd, slurm, slurm_output), stop_timeout,
+                         settle)
         ready: Readiness | None = None
         if signals["count"]:
             sup.stopping = True
@@ -671,6 +690,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 2
         if found.note:                # stale or forged: not obeyed, and said so
             _say(f"{found.note}; replacing it")
+    args.slurm = args.slurm or bool(args.slurm_output)
+    if args.slurm:
+        absent = [c for c in ("sacct", "squeue") if shutil.which(c) is None]
+        if absent:
+            _say(f"--slurm: {' and '.join(absent)} not on PATH (run it on a Slurm login node)")
+            return 2
     try:
         if cfg.bootstrap:
             reach.check_broker(cfg.bootstrap, "check FIRSTFAULT_KAFKA_BOOTSTRAP or --bootstrap "
@@ -691,7 +716,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 2
     _logging(args.verbose, log_fd)
     return run_up(cfg, extractors=args.extractors, stop_timeout=args.stop_timeout,
-                  run_file=None if cfg.bootstrap else path, log_file=log_file, rules_version=version, log_fd=log_fd)
+                  run_file=None if cfg.bootstrap else path, log_file=log_file, rules_version=version, log_fd=log_fd,
+                  slurm=args.slurm, slurm_output=args.slurm_output)
 
 
 def _positive(text: str) -> int:
@@ -713,6 +739,11 @@ def register(subparsers) -> None:
     p.add_argument("--stop-timeout", type=float, default=15.0, help="seconds a worker gets to stop before SIGKILL")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="worker output (Faust's start and stop lines) and up's own on the terminal, not in the log file")
+    p.add_argument("--slurm", action="store_true",
+                   help="also the Slurm connector and a tailer of the jobs' output files (sacct, squeue on PATH)")
+    p.add_argument("--slurm-output", default=None, metavar="PATTERN",
+                   help="the jobs' output files, e.g. '/scratch/%%u/%%x-%%j.out' (%%j %%x %%u %%N %%A %%a expanded "
+                        "per job; implies --slurm); default: each job's StdOut")
     p.set_defaults(fn=cmd_up)
 
     t = subparsers.add_parser("topology", help="print the pipeline as configured: topics, workers, stores")

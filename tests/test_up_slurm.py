@@ -1,0 +1,97 @@
+"""`firstfault up --slurm` on a real Slurm (tests/slurm_cluster.py): one command, and a job that dies gets its
+final diagnosis from the connector's end event and the job's own output file, tailed while it ran.
+
+Everything is real: `up` starts the embedded broker, the Slurm connector and the output tailer on the
+session cluster's `sacct` and `squeue` (SLURM_CONF); the job goes through `sbatch` and `slurmd`; the
+diagnosis is read with `firstfault diagnoses` as a user reads it."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from firstfault.connectors.slurm import SlurmConnector
+from firstfault.connectors.slurm_tail import Job, output_path
+from firstfault.rules.engine import analyze_path
+from slurm_cluster import wait_for
+from stream_pipeline import start_up
+from test_slurm_real import Collect
+from test_up_ready import base_env, cli
+
+pytest_plugins = ["conftest_slurm"]
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACEBACK = f"""#!/bin/bash
+echo "starting on $SLURMD_NODENAME"
+exec {sys.executable} -u -c '
+print("epoch 0 step 10 loss 2.31", flush=True)
+import torch_stub_that_is_missing_on_purpose
+'
+"""
+
+
+def test_up_slurm_diagnoses_a_job_that_dies_from_its_output(slurm_cluster, tmp_path):
+    c = slurm_cluster
+    tag = f"s{uuid.uuid4().hex[:8]}"
+    env = base_env(tmp_path)
+    # Polls every second (the defaults, 30 s and 5 s, are for a real controller); a short grace.
+    up_env = {**env, "FIRSTFAULT_TOPIC_PREFIX": f"{tag}.", "FIRSTFAULT_APP_ID": f"{tag}-correlator",
+              "FIRSTFAULT_EXTRACTOR_GROUP": f"{tag}-extractor", "FIRSTFAULT_GRACE_S": "1",
+              "FIRSTFAULT_GRACE_CAP_S": "1", "FIRSTFAULT_SLURM_INTERVAL_S": "1",
+              "FIRSTFAULT_SLURM_TAIL_INTERVAL_S": "1"}
+    jobs = tmp_path / "jobs"
+    # The tailer finds the file from the job's StdOut, which Slurm 22.05 gives unexpanded.
+    pattern = str(jobs / "train-%x-%j.out")
+    proc, text, err_lines = start_up(up_env, ROOT, "--slurm", timeout=90)
+    try:
+        assert text.splitlines()[-1:] and text.splitlines()[-1].startswith("ready"), text + "".join(err_lines)
+        assert "worker    slurm " in text and "worker    slurm-tail " in text, text
+        job = c.sbatch(TRACEBACK, "--job-name=tb", f"--output={pattern}", "-w", "n1", cwd=jobs)
+        ended = c.wait_job(job, {"FAILED"}, timeout_s=60)
+        wid = f"slurm-{job}"
+
+        def final() -> dict | None:
+            listed = cli(["diagnoses", "--all", "--json"], env, tmp_path)
+            assert listed.returncode == 0, listed.stderr
+            got = [json.loads(x) for x in listed.stdout.splitlines() if x.strip()]
+            return next((d for d in got if d["workload_id"] == wid and not d["provisional"]), None)
+        d = wait_for(f"the final diagnosis of {wid}", final, 60, every_s=0.5)
+        lag = time.time() - time.mktime(time.strptime(ended["EndTime"], "%Y-%m-%dT%H:%M:%S"))
+        print(f"\njob end -> final diagnosis seen: {lag:.1f} s")
+        assert (d["status"], d["sub_domain"]) == ("attributed", "user_code_exception"), d
+        # The stream read the job's own file: the diagnosis is `analyze`'s of that file beside the
+        # connector's end record, as a bundle (the batch host's output as its application log).
+        out = jobs / f"train-tb-{job}.out"
+        assert d["root_cause"]["ref"] == {"path": "logs/app/n1.log", "line": 5}, d["root_cause"]
+        end = next(e for e in SlurmConnector(tmp_path / "again.json", Collect(), lookback_s=600).poll()
+                   if e.type == "end" and e.workload.workload_id == wid)
+        bundle = tmp_path / "bundle"
+        (bundle / "logs" / "app").mkdir(parents=True)
+        (bundle / "workload.json").write_text(end.workload.model_dump_json())
+        shutil.copy(out, bundle / "logs" / "app" / "n1.log")
+        offline = analyze_path(bundle).diagnosis
+        assert d["diagnosis_id"] == offline.diagnosis_id, (d, offline)
+
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_output_file_patterns_are_expanded_as_slurm_does(tmp_path):
+    job = Job(job_id=42, start=1, ended=False, name="train", user="ada", host="n7", workdir=str(tmp_path))
+    assert output_path(job) == tmp_path / "slurm-42.out"                  # Slurm's default, in the job's directory
+    assert output_path(job, "/scratch/%u/%x-%j.%N.out") == Path("/scratch/ada/train-42.n7.out")
+    assert output_path(job, "logs/%5j-%%.out") == tmp_path / "logs" / "00042-%.out"
+    task = Job(job_id=43, start=1, ended=False, host="n7", workdir=str(tmp_path), array_job=40, array_task=3)
+    assert output_path(task) == tmp_path / "slurm-40_3.out"
+    # slurmstepd writes its host name for %N, which need not be the node name: the one file that fits
+    (tmp_path / "o-42-login1.out").write_text("x\n")
+    assert output_path(job, "o-%j-%N.out") == tmp_path / "o-42-login1.out"
