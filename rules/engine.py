@@ -17,6 +17,7 @@ from firstfault.schemas import Diagnosis, RawLine, WorkloadRecord
 from firstfault.schemas.workload import INTAKE_EXTRA
 
 from .bundle import Bundle, bundle_from_files, parse_workload
+from .collect import fewer_collections
 from .errors import AnalysisTimeout, BundleError
 from .intake import Intake, open_input
 from .catalog import Catalog, load_catalog
@@ -158,6 +159,7 @@ def metric_events(workload: WorkloadRecord, read: MetricsRead,
     return crossing_events(found, texts, HostResolver(workload).node) + unparsed_events(read)
 
 
+@fewer_collections
 def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Progress | None = None,
                    keep_events: bool = False, intake: Intake | None = None,
                    deadline: float | None = None) -> Analysis:

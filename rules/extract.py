@@ -6,6 +6,7 @@ runs the prefilter over one block of text and reads only the candidate lines.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import OrderedDict, deque
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
+from operator import itemgetter
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -145,6 +147,50 @@ def _compiled(catalog: Catalog) -> tuple[Prefilter, list[list[Pattern]]]:
     return Prefilter(list(index)), by_anchor
 
 
+class _Memo:
+    """What the extractors of one catalog learn as they read, shared and bounded (a stream worker
+    holds an extractor per live workload): how a message alike but for its digits matched
+    (``Extractor._match``), a number per candidate set to key it, each pattern's _Plan."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[tuple[int, bytes], tuple[int, list] | None] = {}
+        self.plans: dict[str, _Plan] = {}
+        self._cids: dict[tuple[str, ...], int] = {}
+        self._next = itertools.count()
+
+    def cid(self, patterns: tuple[Pattern, ...]) -> int:
+        """A number for this candidate set, never given to another (outcomes are keyed by it)."""
+        key = tuple(p.id for p in patterns)
+        cid = self._cids.get(key)
+        if cid is None:
+            if len(self._cids) >= MEMO_ENTRIES:
+                self._cids.clear()             # numbers are not reused: old outcomes just go unread
+            cid = self._cids[key] = next(self._next)
+        return cid
+
+    def plan(self, pat: Pattern) -> _Plan:
+        plan = self.plans.get(pat.id)
+        if plan is None:
+            plan = self.plans[pat.id] = _Plan(pat)
+        return plan
+
+
+@lru_cache(maxsize=8)
+def _memo(catalog: Catalog) -> _Memo:
+    return _Memo()
+
+
+class _Candidates:
+    """The patterns to try for a line that hit some anchors, in priority order."""
+
+    __slots__ = ("patterns", "cid", "blind")
+
+    def __init__(self, patterns: tuple[Pattern, ...], cid: int) -> None:
+        self.patterns, self.cid = patterns, cid
+        # How many of them, from the first, read digits alike (see Extractor._match).
+        self.blind = next((i for i, p in enumerate(patterns) if not p.digit_blind), len(patterns))
+
+
 class Extractor:
     """Extraction for one workload (its stamps' year, zone and host names)."""
 
@@ -155,10 +201,11 @@ class Extractor:
         pre, self.by_anchor = _compiled(catalog)
         self.prefilter = Prefilter(pre.anchors, force_fallback=True) if force_fallback else pre
         self._priority = {p.id: i for i, p in enumerate(catalog.patterns)}
-        self._cand_cache: dict[tuple[frozenset[int], str], tuple[Pattern, ...]] = {}
+        self._cand_cache: dict[tuple[frozenset[int], str], _Candidates] = {}
         self._ctx_cache: dict[str | None, StampContext] = {}
+        self._memo = _memo(catalog)
 
-    def _candidates(self, anchor_ids: frozenset[int], source: str) -> tuple[Pattern, ...]:
+    def _candidates(self, anchor_ids: frozenset[int], source: str) -> _Candidates:
         """Patterns to try for a line that hit these anchors, in priority order (memoized)."""
         key = (anchor_ids, source)
         found = self._cand_cache.get(key)
@@ -167,8 +214,8 @@ class Extractor:
             # lines: users paste dmesg and kubectl output into the job's output file.
             pats = {p.id: p for aid in anchor_ids for p in self.by_anchor[aid]
                     if source in p.sources or source in (MIXED, "app")}
-            found = tuple(sorted(pats.values(), key=lambda p: self._priority[p.id]))
-            self._cand_cache[key] = found
+            patterns = tuple(sorted(pats.values(), key=lambda p: self._priority[p.id]))
+            found = self._cand_cache[key] = _Candidates(patterns, self._memo.cid(patterns))
         return found
 
     @staticmethod
@@ -222,18 +269,19 @@ class Extractor:
             return
         line_no = first_line
         pos = 0
-        memo: dict[str, Any] = {}
+        above = _Above(block, 0, tail, line_no, {}, events)     # one for the block, moved from line to line
         for start in sorted(hits):
             line_no += block.count(b"\n", pos, start)
             pos = start
             end = block.find(b"\n", start)
             raw = block[start:end if end >= 0 else len(block)]
             stats.candidates += 1
-            ev = self.read_line(path, source, file_host, ctx, line_no, raw, hits[start],
-                                _Above(block, start, tail, line_no, memo), stats)
+            above.start, above.line_no = start, line_no
+            ev = self.read_line(path, source, file_host, ctx, line_no, raw, hits[start], above, stats)
             if ev is not None:
                 stats.matched += 1
-                events.add(ev)
+                if ev is not FOLDED:
+                    events.add(ev)
 
     # ------------------------------------------------------------ one line
     def read_line(self, path: str, source: str, file_host: str | None, ctx: StampContext,
@@ -245,18 +293,18 @@ class Extractor:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         damaged = truncated or "\ufffd" in text
         head = read_head(text, ctx)
-        data = head.message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
-        for pat in self._candidates(frozenset(anchor_ids), source):
-            m = pat.search(head.message, data)
-            if m is not None:
-                if head.stamp is None and head.quality != "order_only" and above is not None:
-                    if isinstance(above, _Above):
-                        above.inherit(head, ctx)
-                    else:
-                        _inherit(head, above(), ctx)
-                if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
-                    _own_stamp(head, m.groupdict().get(pat.stamp_field), ctx)
-                return self._event(pat, m, head, path, source, file_host, line_no, text, damaged)
+        found = self._match(self._candidates(frozenset(anchor_ids), source), head.message)
+        if found is not None:
+            pat, m, _ = found
+            if head.stamp is None and head.quality != "order_only" and above is not None:
+                if isinstance(above, _Above):
+                    above.inherit(head, ctx)
+                else:
+                    _inherit(head, above(), ctx)
+            if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
+                _own_stamp(head, m.groupdict().get(pat.stamp_field), ctx)
+            return self._event(found, head, path, source, file_host, line_no, text, damaged,
+                               above.events if isinstance(above, _Above) else None)
         if damaged:
             stats.unparsed += 1
             if len(stats.unparsed_refs) < 10:
@@ -269,25 +317,45 @@ class Extractor:
                       signature="\x1f".join(("unparsed", path)))
         return None
 
-    def _event(self, pat: Pattern, m: LineMatch, head: Head, path: str, source: str,
-               file_host: str | None, line_no: int, text: str, damaged: bool) -> Ev:
-        fields: dict[str, Any] = dict(pat.constants)
-        for name, value in m.groupdict().items():
-            if value is None:
-                fields.setdefault(name, None)
-                continue
-            fields[name] = _typed(pat.types.get(name, str), value)
-        if damaged:
-            fields["damaged_line"] = True
-        if head.uptime is not None:
-            fields.setdefault("uptime_s", head.uptime)
-        if head.pid is not None:
-            fields.setdefault("pid_prefix", head.pid)
-        if head.dev is not None:
-            fields.setdefault("cuda_dev", head.dev)
+    def _match(self, candidates: _Candidates, message: str) -> _Found | None:
+        """The first of the candidates (priority order) whose regex matches ``message``: the pattern,
+        its match and its fields (constants and typed groups).
+
+        A message alike but for its digits to one seen before matches alike (digit-blind patterns,
+        ``regex.digit_blind``): the outcome (which pattern, the groups' offsets) is remembered under
+        the message with its digits as "0", and the groups are read off this message's own text."""
+        data = message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
+        outcomes = self._memo.outcomes
+        key = (candidates.cid, data.translate(_ZEROS)) if len(data) <= MEMO_BYTES else None
+        known = outcomes.get(key, _UNSEEN) if key is not None else _UNSEEN
+        if known is not _UNSEEN:
+            if known is None:
+                return None
+            k, spans = known
+        else:
+            k, spans = _first(candidates.patterns, data)
+            # Kept only when every pattern tried reads digits alike (the outcome is then the key's).
+            if key is not None and candidates.blind >= (k + 1 if spans is not None else k):
+                if len(outcomes) >= MEMO_ENTRIES:
+                    outcomes.clear()
+                outcomes[key] = None if spans is None else (k, spans)
+            if spans is None:
+                return None
+        pat = candidates.patterns[k]
+        m = pat.regex.match_of(message, data, spans)
+        return pat, m, self._memo.plan(pat).fields(m)
+
+    def _event(self, found: _Found, head: Head, path: str, source: str, file_host: str | None,
+               line_no: int, text: str, damaged: bool, into: EventSet | None = None) -> Ev:
+        """The line's event; with ``into``, a repeat of an event already there is folded into it
+        instead (most lines of a cascade) and FOLDED comes back."""
+        pat, _, base = found
+        plan = self._memo.plans[pat.id]
+        # ``base`` is this line's own (built by _match). Lookups read the pattern's fields; the line's
+        # additions come in only for an event that is kept, unless a lookup names one (plan.plain).
+        fields: dict[str, Any] = base if plan.plain else _line_fields(base, head, damaged)
         if source in (MIXED, "app") and source not in pat.sources:
-            # A pasted kernel line in a console log is still a kernel line.
-            source = "app" if "app" in pat.sources else sorted(pat.sources)[0]
+            source = plan.console_source          # a pasted kernel line in a console log is still a kernel line
         rank = head.rank
         if rank is None and pat.rank_field and isinstance(fields.get(pat.rank_field), int):
             rank = fields[pat.rank_field]
@@ -298,6 +366,7 @@ class Extractor:
         # Who the line is about: a host it names, the NCCL prefix, the file's host, then the
         # rank map (explicit, else block placement by gpus_per_node, which is only a guess).
         host = None
+        by_block = False
         if pat.host_field and fields.get(pat.host_field):
             host = self.hosts.node(str(fields[pat.host_field]))
         if host is None and source in ("syslog", "fabricmanager"):
@@ -308,7 +377,8 @@ class Extractor:
             host = file_host
         if host is None:
             host = self.hosts.rank_host(rank)
-            if host is not None and self.hosts.placed_by_block(rank):
+            by_block = host is not None and self.hosts.placed_by_block(rank)
+            if by_block and not plan.plain:
                 fields["host_basis"] = "rank_placement"      # a guess: it never drains a node by itself
         if host is None:
             host = self.hosts.sole
@@ -320,13 +390,89 @@ class Extractor:
                 onset = head.stamp - timedelta(milliseconds=ran_ms)
             except OverflowError:           # a stamp near year 1
                 onset = head.stamp
-        group = tuple(repr(fields.get(g)) for g in pat.group_by)
         rank_key = "*" if pat.aggregate_ranks else repr(rank)
-        signature = "\x1f".join((pat.kind, pat.id, source, host or "", pci or "", rank_key) + group)
+        signature = f"{plan.head}\x1f{source}\x1f{host or ''}\x1f{pci or ''}\x1f{rank_key}{plan.group(fields)}"
+        if into is not None and into.fold(signature, head.stamp, onset, rank, path, line_no):
+            return FOLDED
+        if plan.plain:
+            fields = _line_fields(base, head, damaged)
+            if by_block:
+                fields["host_basis"] = "rank_placement"
         return Ev(kind=pat.kind, pattern=pat.id, source=source, path=path, line=line_no,
-                  text=_shown(text), host=host, pci=pci, rank=rank, stamp=head.stamp,
-                  last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
+                  text=text if len(text) <= SHOWN else _shown(text), host=host, pci=pci, rank=rank,
+                  stamp=head.stamp, last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
                   count=1, ranks={rank} if rank is not None else set(), signature=signature)
+
+
+def _line_fields(fields: dict[str, Any], head: Head, damaged: bool) -> dict[str, Any]:
+    """The event's fields: the pattern's (``fields``, completed in place), then what the line says."""
+    if damaged:
+        fields["damaged_line"] = True
+    if head.uptime is not None:
+        fields.setdefault("uptime_s", head.uptime)
+    if head.pid is not None:
+        fields.setdefault("pid_prefix", head.pid)
+    if head.dev is not None:
+        fields.setdefault("cuda_dev", head.dev)
+    return fields
+
+
+class _Plan:
+    """What a pattern's events need, worked out once per pattern instead of once per line."""
+
+    __slots__ = ("pat", "head", "console_source", "plain", "_group_by", "_values")
+
+    def __init__(self, pat: Pattern) -> None:
+        self.pat = pat
+        self.head = f"{pat.kind}\x1f{pat.id}"
+        self.console_source = "app" if "app" in pat.sources else sorted(pat.sources)[0]
+        self._group_by = pat.group_by
+        self._values = itemgetter(*pat.group_by) if len(pat.group_by) > 1 else None
+        # No lookup of _event names a field the line adds: the pattern's fields answer them all.
+        named = {pat.rank_field, pat.host_field, pat.gpu_field, pat.onset_field, *pat.group_by}
+        self.plain = not named & LINE_ADDS
+
+    def fields(self, m: LineMatch) -> dict[str, Any]:
+        """The pattern's constants and typed groups, in the order events carry them."""
+        fields: dict[str, Any] = dict(self.pat.constants)
+        types = self.pat.types
+        for name, value in m.groupdict().items():
+            if value is None:
+                fields.setdefault(name, None)
+                continue
+            typ = types.get(name, str)
+            fields[name] = value if typ is str else _typed(typ, value)
+        return fields
+
+    def group(self, fields: dict[str, Any]) -> str:
+        """The signature's group_by part ("" without group_by): "\x1f" + each value's repr."""
+        group_by = self._group_by
+        if not group_by:
+            return ""
+        try:                                    # group_by names a group or a constant: always there
+            values = self._values(fields) if self._values is not None else (fields[group_by[0]],)
+        except KeyError:
+            values = tuple(fields.get(g) for g in group_by)
+        return "\x1f" + "\x1f".join(map(repr, values))
+
+
+def _first(candidates: tuple[Pattern, ...], data: bytes) -> tuple[int, list | None]:
+    """The index of the first pattern that matches (and its spans); len(candidates), None if none."""
+    for k, pat in enumerate(candidates):
+        spans = pat.spans(data)
+        if spans is not None:
+            return k, spans
+    return len(candidates), None
+
+
+_Found = tuple[Pattern, LineMatch, dict[str, Any]]
+_UNSEEN = object()
+LINE_ADDS = frozenset({"damaged_line", "uptime_s", "pid_prefix", "cuda_dev", "host_basis"})    # see _line_fields
+_ZEROS = bytes.maketrans(b"0123456789", b"0000000000")
+MEMO_ENTRIES = 8192           # match outcomes remembered per catalog (then forgotten at once)
+MEMO_BYTES = 1024             # longer messages are matched, not remembered: the memo stays a few MiB
+# read_line's answer for a matched line already counted into an event of the set (see _event)
+FOLDED = Ev(kind="folded", pattern="folded", source="app", path="", line=0, text="")
 
 
 @lru_cache(maxsize=4096)
@@ -384,17 +530,19 @@ class _Above:
     scan the same lines upward; the memo stops the scan where the previous one ended.
     """
 
-    __slots__ = ("block", "start", "tail", "line_no", "memo")
+    __slots__ = ("block", "start", "tail", "line_no", "memo", "events")
 
-    def __init__(self, block: bytes, start: int, tail, line_no: int, memo: dict) -> None:
+    def __init__(self, block: bytes, start: int, tail, line_no: int, memo: dict,
+                 events: EventSet | None = None) -> None:
         self.block, self.start, self.tail, self.line_no, self.memo = block, start, tail, line_no, memo
+        self.events = events            # where the block's events go: repeats are folded in (Extractor._event)
 
     def inherit(self, head: Head, ctx: StampContext) -> None:
         # memo: (line inherited for, stamp found, line the stamp came from)
         prev = self.memo.get("last")
         n = self.line_no
         source = None
-        for text in _lines_above(self.block, self.start, self.tail):
+        for raw in _lines_above(self.block, self.start, self.tail):
             n -= 1
             if prev is not None and n <= prev[0]:
                 # Everything from here up was scanned for the previous line; its find counts
@@ -402,6 +550,7 @@ class _Above:
                 if prev[1] is not None and self.line_no - prev[2] <= LOOKBACK:
                     head.stamp, head.quality, source = prev[1], "inherited", prev[2]
                 break
+            text = raw.decode("utf-8", errors="replace").rstrip("\r")       # only lines not scanned before
             if not _HAS_TIME.search(text, 0, 96):
                 continue
             other = read_head(text, ctx)
@@ -411,18 +560,20 @@ class _Above:
         self.memo["last"] = (self.line_no, head.stamp, source)
 
 
-def _lines_above(block: bytes, start: int, tail: list[bytes] | None) -> Iterator[str]:
+def _lines_above(block: bytes, start: int, tail: list[bytes] | None) -> Iterator[bytes]:
+    """The lines above ``start`` (the block's, then the previous chunks' tail), nearest first, each
+    to its first MAX_LINE bytes; the caller decodes the ones it reads."""
     end = start - 1
     n = 0
     while end >= 0 and n < LOOKBACK:
         begin = block.rfind(b"\n", 0, end) + 1
-        yield block[begin:end][:MAX_LINE].decode("utf-8", errors="replace").rstrip("\r")
+        yield block[begin:min(end, begin + MAX_LINE)]
         end = begin - 1
         n += 1
     for raw in reversed(tail or []):
         if n >= LOOKBACK:
             return
-        yield raw[:MAX_LINE].decode("utf-8", errors="replace").rstrip("\r")
+        yield raw[:MAX_LINE]
         n += 1
 
 

@@ -71,18 +71,26 @@ class Ev:
         return Ref(path=self.path, line=self.line)
 
     def merge(self, other: "Ev") -> None:
-        """Fold ``other`` (same signature) into self; associative and commutative."""
-        if other.order_key() < self.order_key():
-            for name in ("path", "line", "text", "rank", "quality", "fields", "pci", "gpu_index"):
-                setattr(self, name, getattr(other, name))
+        """Fold ``other`` (same signature) into self; associative and commutative.
+
+        Once per merged line: comparisons in place of order_key() tuples and min/max lists
+        (same results, ties included)."""
+        if _earlier(other, self):
+            self.path, self.line, self.text, self.rank = other.path, other.line, other.text, other.rank
+            self.quality, self.fields, self.pci, self.gpu_index = other.quality, other.fields, other.pci, other.gpu_index
         self.count += other.count
-        self.ranks |= other.ranks
-        stamps = [s for s in (self.stamp, other.stamp) if s is not None]
-        self.stamp = min(stamps) if stamps else None
-        lasts = [s for s in (self.last_stamp, other.last_stamp, self.stamp, other.stamp) if s is not None]
-        self.last_stamp = max(lasts) if lasts else None
-        onsets = [s for s in (self.onset, other.onset) if s is not None]
-        self.onset = min(onsets) if onsets else None
+        if other.ranks:
+            self.ranks |= other.ranks
+        stamp = other.stamp
+        if stamp is not None and (self.stamp is None or stamp < self.stamp):
+            self.stamp = stamp
+        last = self.last_stamp            # max(): the first of equal values wins
+        for s in (other.last_stamp, self.stamp, stamp):
+            if s is not None and (last is None or s > last):
+                last = s
+        self.last_stamp = last
+        if other.onset is not None and (self.onset is None or other.onset < self.onset):
+            self.onset = other.onset
 
     def to_schema(self) -> Event:
         return Event(
@@ -107,6 +115,27 @@ class Ev:
 _FIELDS = attrgetter(*Ev.__slots__)      # every field, in the constructor's order
 
 
+def _earlier(a: Ev, b: Ev) -> bool:
+    """``a.order_key() < b.order_key()`` without building the keys."""
+    return _before(a.stamp, a.path, a.line, b)
+
+
+def _before(sa: datetime | None, path: str, line: int, b: Ev) -> bool:
+    """Would an occurrence at (sa, path, line) sort before ``b`` (``order_key``)?"""
+    sb = b.stamp
+    if sa is None or sb is None:
+        if sa is not sb:                  # stamped sorts before unstamped
+            return sb is None
+    elif sa.tzinfo is sb.tzinfo:          # same tzinfo: aware comparison is the wall-clock one
+        if sa != sb:
+            return sa < sb
+    else:
+        na, nb = sa.replace(tzinfo=None), sb.replace(tzinfo=None)
+        if na != nb:
+            return na < nb
+    return (path, line) < (b.path, b.line)
+
+
 class EventSet:
     """Events keyed by signature; adding merges. Memory grows with distinct signatures only."""
 
@@ -119,6 +148,27 @@ class EventSet:
             self._by_sig[ev.signature] = ev
         else:
             have.merge(ev)
+
+    def fold(self, signature: str, stamp: datetime | None, onset: datetime | None, rank: int | None,
+             path: str, line: int) -> bool:
+        """One more occurrence of a known event that does not sort before its sample: counted into it
+        as ``add`` would (``Ev.merge``), without building an event. False: the caller adds one."""
+        have = self._by_sig.get(signature)
+        if have is None or _before(stamp, path, line, have):
+            return False
+        have.count += 1
+        if rank is not None:
+            have.ranks.add(rank)
+        if stamp is not None and (have.stamp is None or stamp < have.stamp):
+            have.stamp = stamp
+        last = have.last_stamp            # max(): the first of equal values wins
+        for s in (stamp, have.stamp, stamp):
+            if s is not None and (last is None or s > last):
+                last = s
+        have.last_stamp = last
+        if onset is not None and (have.onset is None or onset < have.onset):
+            have.onset = onset
+        return True
 
     def update(self, events) -> None:
         for ev in events:

@@ -9,8 +9,10 @@ patterns read. Pure function of the line and a :class:`StampContext`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import datetime, timezone, tzinfo
+from zoneinfo import ZoneInfo
 
 from .stamps import MONTHS, from_uptime, micro_of, parse_iso, with_year
 
@@ -113,13 +115,37 @@ def _hms(m: re.Match[str]) -> tuple[int, int, int]:
     return int(m["hh"]), int(m["mm"]), int(m["ss"])
 
 
+_UNREAD = object()
+_SECONDS: dict[tuple, tuple[int, ...] | None] = {}     # (zone, anchor, the second as written) -> its UTC fields
+_SECONDS_MAX = 8192                # then forgotten at once
+
+
+def _yearless(ctx: StampContext, second: tuple[str, str, str, str, str], micro: int,
+              month_of: Callable[[str], int]) -> datetime | None:
+    """``with_year`` for (month, day, hh, mm, ss) as written, read once a second: a log writes
+    thousands of lines a second. The fraction is added to the second's instant, which is exact
+    when the zone's offsets and transitions fall on whole seconds (ZoneInfo, fixed offsets).
+    Keyed like with_year's own year memo (zone and anchor by equality)."""
+    key = (ctx.zone, ctx.anchor, *second)
+    utc = _SECONDS.get(key, _UNREAD)            # None: no stamp
+    if utc is _UNREAD:
+        mon, day, hh, mi, ss = second
+        base = with_year(month_of(mon), int(day), int(hh), int(mi), int(ss), 0, ctx.zone, ctx.anchor)
+        if type(ctx.zone) not in (ZoneInfo, timezone) or (base is not None and base.microsecond):
+            return with_year(month_of(mon), int(day), int(hh), int(mi), int(ss), micro, ctx.zone, ctx.anchor)
+        if len(_SECONDS) >= _SECONDS_MAX:
+            _SECONDS.clear()
+        utc = _SECONDS[key] = None if base is None else (
+            base.year, base.month, base.day, base.hour, base.minute, base.second)
+    return None if utc is None else datetime(*utc, micro, timezone.utc)     # with_year's is in timezone.utc too
+
+
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank")
 _DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "grep_file")
 _ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "grep_file", "pdsh")
 _ALPHA_CTIME = ("mpi_tag",) + _ALPHA
-_WEEKDAYS = frozenset(("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"))
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
@@ -130,148 +156,314 @@ _REGEX = {
 }
 
 
-def _shapes(text: str, bar: bool) -> tuple[str, ...]:
-    """The prefix shapes to try on ``text``, by its first character; ``bar``: the line holds a
+_WEEKDAYS = frozenset(("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"))
+_FIRST_ONLY = ("grep_file", "pdsh")            # only as the first thing on the line
+_NAMED = re.compile(r"\(\?P<\w+>")
+
+
+class _Round:
+    """The shapes one round tries, in order, and one regex of them all.
+
+    The alternation's first alternative that matches is the first shape whose regex matches
+    (leftmost-first), so one call replaces one a shape (most lines fail most shapes); its groups
+    are unnamed, and the winner is matched again alone for its own."""
+
+    __slots__ = ("names", "regexes", "appliers", "_any")
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.regexes = tuple(_REGEX[n] for n in names)
+        self.appliers: tuple = ()          # set once _APPLY is defined (below)
+        self._any: re.Pattern[str] | None = None
+
+    def peel(self, text: str, head: Head, ctx: StampContext) -> tuple[re.Match[str] | None, int]:
+        """The first shape that matches ``text`` and applies, recorded in ``head``, and its index;
+        the index is -1 when a shape before it matched but did not apply (its applier said no)."""
+        if not self.names:
+            return None, 0
+        if self._any is None:
+            self._any = re.compile("|".join(f"({_NAMED.sub('(?:', rx.pattern)})" for rx in self.regexes))
+        hit = self._any.match(text)
+        if hit is None:
+            return None, 0
+        regexes, appliers = self.regexes, self.appliers or self._appliers()
+        # The alternatives are its only groups; the shapes before the winner do not match.
+        first = hit.lastindex - 1
+        for k in range(first, len(regexes)):
+            m = regexes[k].match(text)
+            if m is not None and appliers[k](m, head, ctx):
+                return m, k if k == first else -1
+        return None, -1
+
+    def _appliers(self) -> tuple:
+        self.appliers = tuple(_APPLY[n] for n in self.names)
+        return self.appliers
+
+
+class _Shapes:
+    """The shapes a first character admits, as the rounds that try them: with and without a
+    progress bar on the line, in its first round or a later one (``grep_file``/``pdsh`` only first)."""
+
+    __slots__ = ("rounds", "ctime")
+
+    def __init__(self, names: tuple[str, ...], ctime: "_Shapes | None" = None) -> None:
+        self.rounds = tuple(_Round(tuple(n for n in (("tqdm",) + names if bar else names)
+                                         if first or n not in _FIRST_ONLY))
+                            for bar in (False, True) for first in (False, True))
+        self.ctime = ctime             # mpirun --timestamp-output's "Thu Jun 18 14:28:35 2020[1,2]<stderr>:"
+
+
+_BY_CLASS = {"markdown": _Shapes(("markdown",)), "bracket": _Shapes(_BRACKET), "proc": _Shapes(("proc_tag",)),
+             "digit": _Shapes(_DIGIT), "alpha": _Shapes(_ALPHA, ctime=_Shapes(_ALPHA_CTIME)), "other": _Shapes(())}
+
+
+def _by_first_char(c: str) -> _Shapes:
+    if c in ">*`":
+        return _BY_CLASS["markdown"]
+    if c == "[":
+        return _BY_CLASS["bracket"]
+    if c == "(":
+        return _BY_CLASS["proc"]
+    if c.isdigit() or c == " ":
+        return _BY_CLASS["digit"]
+    if c.isalpha():
+        return _BY_CLASS["alpha"]
+    return _BY_CLASS["other"]
+
+
+_FIRST: dict[str, _Shapes] = {}                # first character -> the shapes to try (memo)
+
+
+def _round(text: str, bar: bool, first: bool) -> _Round:
+    """The shapes to try on ``text``, by its first character; ``bar``: the line holds a
     progress bar somewhere near its start (checked once a line)."""
     c = text[:1]
-    by_char = _FIRST.get(c)
-    if by_char is None:
-        by_char = _by_first_char(c)
+    shapes = _FIRST.get(c)
+    if shapes is None:
+        shapes = _by_first_char(c)
         if len(_FIRST) < 4096:                  # a crafted input's many first characters stay bounded
-            _FIRST[c] = by_char
-    if by_char is _ALPHA and text[3:4] == " " and text[:3] in _WEEKDAYS:
-        by_char = _ALPHA_CTIME                  # mpirun --timestamp-output's "Thu Jun 18 14:28:35 2020[1,2]<stderr>:"
-    return _WITH_TQDM[by_char] if bar else by_char
+            _FIRST[c] = shapes
+    if shapes.ctime is not None and text[3:4] == " " and text[:3] in _WEEKDAYS:
+        shapes = shapes.ctime
+    return shapes.rounds[2 * bar + first]
 
 
-_FIRST: dict[str, tuple[str, ...]] = {}         # first character -> the shapes to try (memo)
-
-
-def _by_first_char(c: str) -> tuple[str, ...]:
-    if c in ">*`":
-        return ("markdown",)
-    if c == "[":
-        return _BRACKET
-    if c == "(":
-        return ("proc_tag",)
-    if c.isdigit() or c == " ":
-        return _DIGIT
-    if c.isalpha():
-        return _ALPHA
-    return ()
-
-
-_WITH_TQDM = {shapes: ("tqdm",) + shapes for shapes in
-              (_BRACKET, _DIGIT, _ALPHA, _ALPHA_CTIME, ("markdown",), ("proc_tag",), ())}
+# Lines alike but for their digits peel alike: every shape's regex treats the ten ASCII digits
+# as one (tests/test_prefixes.py checks it), so the line with its digits as "0" keys the chain of
+# shapes that won, and a line of that key replays it: one match a prefix instead of a search of
+# every shape a round. Only the shapes' appliers read values, and they are run again; a chain
+# where one declined (it depends on values: srun after an unreadable stamp) is never kept.
+_ZEROS = bytes.maketrans(b"0123456789", b"0000000000")
+_CHAINS: dict[bytes, tuple[tuple[re.Pattern[str], Callable], ...]] = {}
+_CHAINS_MAX = 4096                 # then forgotten at once
+_CHAIN_LINE = 1024                 # longer lines are read, not keyed: the memo stays a few MiB
 
 
 def read_head(line: str, ctx: StampContext) -> Head:
     """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
+    key = line.encode("utf-8", "surrogatepass").translate(_ZEROS) if len(line) <= _CHAIN_LINE else None
+    chain = _CHAINS.get(key) if key is not None else None
+    if chain is not None:
+        head = _replay(line, chain, ctx)
+        if head is not None:
+            return head
+    head, chain = _read(line, ctx)
+    if chain is not None and key is not None:
+        if len(_CHAINS) >= _CHAINS_MAX:
+            _CHAINS.clear()
+        _CHAINS[key] = chain
+    return head
+
+
+def _read(line: str, ctx: StampContext) -> tuple[Head, tuple | None]:
+    """read_head's search, shape by shape, and the chain of shapes that won (None: not replayable)."""
     head = Head(message=line)
     text = line
     bar = "%|" in line                  # a progress bar may sit before the log line (tried first then)
-    for round_ in range(12):
+    first = True
+    chain: list | None = []
+    for _ in range(12):
         stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
-        m = None
-        for name in _shapes(stripped, bar):
-            if name in ("grep_file", "pdsh") and round_:
-                continue                       # only as the first thing on the line
-            m = _REGEX[name].match(stripped)
-            if m is not None and _apply(name, m, head, ctx):
-                break
-            m = None
+        rnd = _round(stripped, bar, first)
+        m, k = rnd.peel(stripped, head, ctx)
+        if k < 0:
+            chain = None
         if m is None:
             break
+        if chain is not None:
+            chain.append((rnd.regexes[k], rnd.appliers[k]))
+        text = stripped[m.end():]
+        first = False
+    head.message = text.lstrip(" ") if text is not line else text
+    return head, None if chain is None else tuple(chain)
+
+
+def _replay(line: str, chain: tuple, ctx: StampContext) -> Head | None:
+    """``_read`` along a known chain; None when a shape declines here (read it in full then)."""
+    head = Head(message=line)
+    text = line
+    for regex, applier in chain:
+        stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
+        m = regex.match(stripped)
+        if m is None or not applier(m, head, ctx):
+            return None
         text = stripped[m.end():]
     head.message = text.lstrip(" ") if text is not line else text
     return head
 
 
-def _apply(name: str, m: re.Match[str], head: Head, ctx: StampContext) -> bool:
-    """Record what prefix ``name`` says; False if it does not apply here (try the next shape)."""
-    if name == "srun":
-        if head.rank is not None or head.stamp is not None:
-            return False
-        head.rank = int(m["rank"])
-    elif name == "torchrun":
-        head.local_rank = int(m["local"])
-    elif name == "rank":
-        head.rank = int(m["rank"])
-    elif name == "rfc3164":
-        if head.stamp is None:
-            hh, mi, ss = _hms(m)
-            head.stamp = with_year(MONTHS[m["mon"]], int(m["day"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
-            head.quality = "no_year"
-        if m["pid"] and head.pid is None:
-            head.pid = int(m["pid"])
-        if m["host"] and m["prog"] and head.host is None and not m["host"].endswith(":"):
-            head.host = m["host"]
-    elif name in ("iso_host", "iso_bracket", "iso_bare"):
-        if head.stamp is None:
-            head.stamp = parse_iso(m["iso"], ctx.zone)
-            head.quality = "exact" if head.stamp else "none"
-        if name == "iso_host" and m["pid"] and head.pid is None:
-            head.pid = int(m["pid"])
-        if name == "iso_host" and head.host is None:
-            head.host = m["host"]
-    elif name == "dmesg_ctime":
-        if head.stamp is None:
-            hh, mi, ss = _hms(m)
-            head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
-            head.quality = "exact" if head.stamp else "none"
-    elif name == "dmesg_uptime":
-        head.uptime = float(m["up"])
-        if head.stamp is None:
-            anchored = from_uptime(ctx.boot, head.uptime)
-            head.stamp, head.quality = (anchored, "uptime") if anchored else (None, "order_only")
-    elif name == "dmesg_delta":
-        if head.stamp is None:
-            head.quality = "order_only"
-    elif name == "fm":
-        if head.stamp is None:
-            hh, mi, ss = _hms(m)
-            head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{m['day']}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
-            head.quality = "exact" if head.stamp else "none"
-    elif name in ("glog_bracket", "glog_bare", "vllm"):
-        if head.stamp is None and m["mo"]:
-            hh, mi, ss = _hms(m)
-            head.stamp = with_year(int(m["mo"]), int(m["dd"]), hh, mi, ss, micro_of(m["frac"]), ctx.zone, ctx.anchor)
-            head.quality = "no_year" if head.stamp else "none"
-    elif name in ("markdown", "tqdm"):
-        pass                                   # decoration, not content
-    elif name == "grep_file":
-        if head.stamp is not None or head.host is not None or head.rank is not None:
-            return False
-    elif name == "pdsh":
-        head.host = m["host"]
-    elif name == "compose":
-        head.host = head.host or m["svc"]
-    elif name == "mpi_tag":
-        if m["year"] and m["mon"] in MONTHS and head.stamp is None:
-            hh, mi, ss = _hms(m)
-            head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
-            head.quality = "exact" if head.stamp else "none"
-        if head.rank is None:
-            head.rank = int(m["rank"])
-        if m["host"] and head.host is None:
-            head.host = m["host"]
-    elif name == "host_rank":
-        head.local_rank = int(m["local"])
-        head.host = head.host or m["host"]
-    elif name == "kmsg_host":
-        if head.stamp is None:
-            head.stamp = parse_iso(m["iso"], ctx.zone)
-            head.quality = "exact" if head.stamp else "none"
-        head.host = head.host or m["host"]
-    elif name == "proc_tag":
-        if not (m["who"] or m["pid"]):
-            return False
-        if m["rank"] and head.rank is None:
-            head.rank = int(m["rank"])
-        if m["pid"] and head.pid is None:
-            head.pid = int(m["pid"])
-    elif name == "nccl":
-        head.host = m["host"]
-        head.pid = int(m["pid"])
-        head.dev = int(m["dev"])
+def _srun(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    if head.rank is not None or head.stamp is not None:
+        return False
+    head.rank = int(m["rank"])
     return True
+
+
+def _torchrun(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    head.local_rank = int(m["local"])
+    return True
+
+
+def _rank(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    head.rank = int(m["rank"])
+    return True
+
+
+def _rfc3164(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    mon, day, hh, mi, ss, frac, host, prog, pid = m.group("mon", "day", "hh", "mm", "ss", "frac", "host", "prog", "pid")
+    if head.stamp is None:
+        head.stamp = _yearless(ctx, (mon, day, hh, mi, ss), micro_of(frac), MONTHS.__getitem__)
+        head.quality = "no_year"
+    if pid and head.pid is None:
+        head.pid = int(pid)
+    if host and prog and head.host is None and not host.endswith(":"):
+        head.host = host
+    return True
+
+
+def _iso(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    """iso_bracket and iso_bare; iso_host adds its pid and host."""
+    if head.stamp is None:
+        head.stamp = parse_iso(m["iso"], ctx.zone)
+        head.quality = "exact" if head.stamp else "none"
+    return True
+
+
+def _iso_host(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    _iso(m, head, ctx)
+    if m["pid"] and head.pid is None:
+        head.pid = int(m["pid"])
+    if head.host is None:
+        head.host = m["host"]
+    return True
+
+
+def _dmesg_ctime(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    if head.stamp is None:
+        hh, mi, ss = _hms(m)
+        head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
+        head.quality = "exact" if head.stamp else "none"
+    return True
+
+
+def _dmesg_uptime(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    head.uptime = float(m["up"])
+    if head.stamp is None:
+        anchored = from_uptime(ctx.boot, head.uptime)
+        head.stamp, head.quality = (anchored, "uptime") if anchored else (None, "order_only")
+    return True
+
+
+def _dmesg_delta(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    if head.stamp is None:
+        head.quality = "order_only"
+    return True
+
+
+def _fm(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    if head.stamp is None:
+        hh, mi, ss = _hms(m)
+        head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{m['day']}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
+        head.quality = "exact" if head.stamp else "none"
+    return True
+
+
+def _glog(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    """glog_bracket, glog_bare and vLLM's logger: month and day, no year."""
+    if head.stamp is None:
+        mo, dd, hh, mi, ss, frac = m.group("mo", "dd", "hh", "mm", "ss", "frac")
+        if mo:
+            head.stamp = _yearless(ctx, (mo, dd, hh, mi, ss), micro_of(frac), int)
+            head.quality = "no_year" if head.stamp else "none"
+    return True
+
+
+def _decoration(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    return True                                # markdown, tqdm: decoration, not content
+
+
+def _grep_file(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    return head.stamp is None and head.host is None and head.rank is None
+
+
+def _pdsh(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    head.host = m["host"]
+    return True
+
+
+def _compose(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    head.host = head.host or m["svc"]
+    return True
+
+
+def _mpi_tag(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    if m["year"] and m["mon"] in MONTHS and head.stamp is None:
+        hh, mi, ss = _hms(m)
+        head.stamp = parse_iso(f"{m['year']}-{MONTHS[m['mon']]:02d}-{int(m['day']):02d}T{hh:02d}:{mi:02d}:{ss:02d}", ctx.zone)
+        head.quality = "exact" if head.stamp else "none"
+    if head.rank is None:
+        head.rank = int(m["rank"])
+    if m["host"] and head.host is None:
+        head.host = m["host"]
+    return True
+
+
+def _host_rank(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    head.local_rank = int(m["local"])
+    head.host = head.host or m["host"]
+    return True
+
+
+def _kmsg_host(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    if head.stamp is None:
+        head.stamp = parse_iso(m["iso"], ctx.zone)
+        head.quality = "exact" if head.stamp else "none"
+    head.host = head.host or m["host"]
+    return True
+
+
+def _proc_tag(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    if not (m["who"] or m["pid"]):
+        return False
+    if m["rank"] and head.rank is None:
+        head.rank = int(m["rank"])
+    if m["pid"] and head.pid is None:
+        head.pid = int(m["pid"])
+    return True
+
+
+def _nccl(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    host, pid, dev = m.group("host", "pid", "dev")
+    head.host, head.pid, head.dev = host, int(pid), int(dev)
+    return True
+
+
+# Each shape's applier records what its prefix says in the Head; False: it does not apply here
+# (the next shape is tried).
+_APPLY = {
+    "srun": _srun, "torchrun": _torchrun, "rank": _rank, "rfc3164": _rfc3164, "iso_host": _iso_host,
+    "iso_bracket": _iso, "iso_bare": _iso, "dmesg_ctime": _dmesg_ctime, "dmesg_uptime": _dmesg_uptime,
+    "dmesg_delta": _dmesg_delta, "fm": _fm, "glog_bracket": _glog, "glog_bare": _glog, "vllm": _glog,
+    "markdown": _decoration, "tqdm": _decoration, "grep_file": _grep_file, "pdsh": _pdsh, "compose": _compose,
+    "mpi_tag": _mpi_tag, "host_rank": _host_rank, "kmsg_host": _kmsg_host, "proc_tag": _proc_tag, "nccl": _nccl,
+}

@@ -12,6 +12,7 @@ characters and costs about 7x more per matching line.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import re2
@@ -38,7 +39,7 @@ class LineMatch:
 class LinearRegex:
     """A compiled RE2 pattern with the ``search(text) -> match | None`` face the engine uses."""
 
-    __slots__ = ("pattern", "ignore_case", "groupindex", "_rx", "_names")
+    __slots__ = ("pattern", "ignore_case", "groupindex", "digit_blind", "_rx", "_names")
 
     def __init__(self, pattern: str, ignore_case: bool = False) -> None:
         opts = re2.Options()
@@ -56,19 +57,82 @@ class LinearRegex:
         self.groupindex: Mapping[str, int] = dict(compiled.groupindex)
         self._rx = compiled._regexp
         self._names = tuple(sorted(self.groupindex.items(), key=lambda kv: kv[1]))
+        self.digit_blind = digit_blind(pattern)
 
     def search(self, text: str, data: bytes | None = None) -> LineMatch | None:
         """``data``: the text's UTF-8 bytes when the caller has them (one encoding per line)."""
         if data is None:
             data = text.encode("utf-8", "surrogatepass")
+        spans = self.spans(data)
+        return None if spans is None else self.match_of(text, data, spans)
+
+    def spans(self, data: bytes) -> list[tuple[int, int]] | None:
+        """Byte spans of the whole match and of every group ((-1, -1): unset), or None."""
         spans = self._rx.Match(_UNANCHORED, data, 0, len(data))
-        if spans[0][0] < 0:
-            return None
+        return None if spans[0][0] < 0 else spans
+
+    def match_of(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> LineMatch:
+        """The named groups that ``spans`` (of this regex, on ``data``, the UTF-8 of ``text``) mark."""
         groups: dict[str, str | None] = {}
-        for name, i in self._names:
-            start, end = spans[i]
-            groups[name] = None if start < 0 else data[start:end].decode("utf-8", "replace")
+        if len(data) == len(text):         # ASCII: byte offsets are character offsets, no decoding
+            for name, i in self._names:
+                start, end = spans[i]
+                groups[name] = None if start < 0 else text[start:end]
+        else:
+            for name, i in self._names:
+                start, end = spans[i]
+                groups[name] = None if start < 0 else data[start:end].decode("utf-8", "replace")
         return LineMatch(groups)
 
     def __repr__(self) -> str:
         return f"LinearRegex({self.pattern!r}{', ignore_case=True' if self.ignore_case else ''})"
+
+
+_GROUP_NAME = re.compile(r"\(\?P?<\w+>")
+_COUNTS = re.compile(r"\{\d+(?:,\d*)?\}")
+
+
+def digit_blind(pattern: str) -> bool:
+    """Does the regex read every ASCII digit alike (lines that differ only in digits match alike,
+    at the same offsets)? Judged on its text, conservatively: a digit may appear only in a group's
+    name, a repeat count and a class's whole ``0-9``; \\d, \\w and the like hold all ten. A literal
+    digit, a partial range or a numeric escape (``\\x31``, a back-reference) says no."""
+    rest, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        skip = None
+        if c == "\\":
+            # An escape, whole (\\x{31}, \\p{Nd} with their braces): its digits (\\1, \\x31) stay to be seen.
+            braced = pattern[i + 1:i + 2] in ("x", "p", "P") and pattern.startswith("{", i + 2)
+            end = pattern.find("}", i) + 1 if braced else i + 2
+            rest.append(pattern[i:end or len(pattern)])
+            i = end or len(pattern)
+            continue
+        if in_class:
+            if pattern.startswith("0-9", i) and pattern[i - 1] != "-":      # not the end of a range x-0
+                skip = 3
+            elif pattern.startswith("[:", i):
+                end = pattern.find(":]", i + 2)
+                if end < 0:
+                    return False
+                skip = end + 2 - i                  # [:digit:] and its kind hold all ten or none
+            elif c == "]":
+                in_class = False
+        elif c == "[":
+            in_class = True
+            lead = 3 if pattern.startswith("[^]", i) else 2 if pattern.startswith("[]", i) else 0
+            if lead:                                # a ] first in a class is a member
+                rest.append(pattern[i:i + lead])
+                i += lead
+                continue
+        else:
+            counts = c == "{" and i > 0 and (pattern[i - 1].isalnum() or pattern[i - 1] in ")].}_")    # after an atom
+            m = _COUNTS.match(pattern, i) if counts else _GROUP_NAME.match(pattern, i) if c == "(" else None
+            if m is not None:
+                skip = m.end() - i
+        if skip:
+            i += skip
+            continue
+        rest.append(c)
+        i += 1
+    return not in_class and not any(ch.isdigit() and ch.isascii() for ch in "".join(rest))
