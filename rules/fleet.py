@@ -14,6 +14,9 @@ the same input, so the record rebuilt from the diagnoses topic gives the same ve
   its episodes count against no node. No data, no avoid (it fails open).
 * A **shared cause** names the leaf switch or rack that a broad event's nodes, or repeated
   network episodes on several nodes, hang off, given a :class:`Topology`.
+
+:func:`evaluate` replays a whole record and is the reference; ``fleet_state.FleetState`` keeps
+the same verdicts incrementally (each diagnosis touches its nodes and its cycle) for a fleet.
 """
 from __future__ import annotations
 
@@ -165,6 +168,9 @@ class Policy(BaseModel):
     count_suspects: bool = Field(default=True, description="suspect episodes count toward avoid (FACT counts suspects)")
     shared_min_nodes: int = Field(default=2, ge=2, description="network episodes on this many nodes under one "
                                                                "switch or rack in one cycle name it")
+    retain_margin_days: float = Field(default=2.0, ge=0, description="episodes are kept window_days plus this "
+                                                                     "long, and may arrive this late and still "
+                                                                     "replay exactly")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Policy":
@@ -176,7 +182,7 @@ class Policy(BaseModel):
 POLICY_ENV = {"min_episodes": "AVOID_MIN_EPISODES", "window_days": "AVOID_WINDOW_DAYS",
               "max_new_per_cycle": "AVOID_MAX_NEW_PER_CYCLE", "cycle_s": "AVOID_CYCLE_S",
               "broad_threshold": "AVOID_BROAD_THRESHOLD", "count_suspects": "AVOID_COUNT_SUSPECTS",
-              "shared_min_nodes": "AVOID_SHARED_MIN_NODES"}
+              "shared_min_nodes": "AVOID_SHARED_MIN_NODES", "retain_margin_days": "AVOID_RETAIN_MARGIN_DAYS"}
 
 
 class SharedCause(BaseModel):
@@ -244,8 +250,12 @@ class Topology(BaseModel):
     groups: list[Group]
 
 
+def episode_ref(host: str, workload_id: str, attempt: int, sub_domain: str, role: str, at: str) -> str:
+    return f"{host} {workload_id}#{attempt} {sub_domain} ({role}, {at})"
+
+
 def _episode_ref(e: Episode) -> str:
-    return f"{e.host} {e.workload_id}#{e.attempt} {e.sub_domain} ({e.role}, {e.at})"
+    return episode_ref(e.host, e.workload_id, e.attempt, e.sub_domain, e.role, e.at)
 
 
 def shared_causes(episodes: Sequence[Episode], topology: Topology | None, min_nodes: int) -> list[SharedCause]:
@@ -283,9 +293,56 @@ def shared_causes(episodes: Sequence[Episode], topology: Topology | None, min_no
     return out
 
 
-def _cycle_start(t: datetime, cycle_s: float) -> datetime:
+def cycle_start(t: datetime, cycle_s: float) -> datetime:
     epoch = t.timestamp()
     return datetime.fromtimestamp(epoch - epoch % cycle_s, timezone.utc)
+
+
+def node_view(policy: Policy, host: str, episodes: Sequence[Episode], counted: Mapping[str, Sequence[str]],
+              recent: bool, ignored: Sequence[str], broad_n: int, since: str | None, pending: bool) -> NodeView:
+    """One node's recommendation and why, at the evaluation instant.
+
+    ``episodes``: all of the node's (newest first); ``counted``: per family, the episodes that
+    count in the window (oldest first, as :func:`episode_ref` writes them); ``recent``: it has
+    episodes in the window; ``ignored``: their sub_domains that are the workload's doing;
+    ``broad_n``: how many of them were in a broad event; ``since``: when it was avoided, if it
+    is; ``pending``: it qualified at the last cycle but another node was avoided first. Shared
+    by :func:`evaluate` and the incremental fleet state, so the words are the same.
+    """
+    counts = {f: len(v) for f, v in sorted(counted.items())}
+    best_f = max(sorted(counted), key=lambda f: len(counted[f]), default=None)
+    if since is not None and best_f is not None:
+        why = (f"{len(counted[best_f])} {best_f} episodes within {policy.window_days:g} days "
+               f"(policy: {policy.min_episodes}): " + "; ".join(counted[best_f][-4:]))
+        rec: Recommendation = "avoid"
+    elif pending:
+        rec, why = "watch", (f"qualifies for avoid ({counts}), but at most {policy.max_new_per_cycle} new avoid "
+                             f"per cycle: another node was avoided first")
+    elif recent:
+        rec = "watch"
+        parts = [f"{n} {f} episode{'s' if n != 1 else ''}" for f, n in counts.items()]
+        why = (", ".join(parts) or "no counted episode") + \
+            f" within {policy.window_days:g} days, fewer than {policy.min_episodes} of one family"
+        if broad_n:
+            why += f"; {broad_n} in a broad event, counted against no node"
+        if ignored:
+            why += f"; {', '.join(ignored)} is the workload's doing, not the node's"
+    else:
+        rec, why = "ok", f"no episode within {policy.window_days:g} days"
+    return NodeView(host=host, recommendation=rec, why=why, since=since, counts=counts, episodes=list(episodes))
+
+
+def broad_note(n_hosts: int, policy: Policy, topology: Topology | None) -> str:
+    return (f"{n_hosts} nodes suspect in one cycle (more than {policy.broad_threshold}): a broad event; "
+            f"no node is avoided for it"
+            + ("" if topology else "; a topology would name the switch or rack they share"))
+
+
+NO_TOPOLOGY_NOTE = ("no topology given: a Slurm topology.conf, a switch/rack YAML or the Kubernetes nodes' labels "
+                    "(--topology, FIRSTFAULT_TOPOLOGY) would name the switch or rack shared by broad events and "
+                    "repeated network episodes")
+NO_EPISODES_NOTE = "no episodes recorded: no node is avoided (the policy fails open)"
+NETWORK_NOTE = "network episodes on several nodes in one cycle: a topology would tell whether they share a leaf switch"
 
 
 def evaluate(records: Mapping[str, Iterable[Episode]], policy: Policy, topology: Topology | None = None,
@@ -299,23 +356,20 @@ def evaluate(records: Mapping[str, Iterable[Episode]], policy: Policy, topology:
     every = sorted((e for eps in by_host.values() for e in eps), key=lambda e: (e.at, e.host, e.key, e.family))
     notes: list[str] = []
     if topology is None:
-        notes.append("no topology given: a Slurm topology.conf, a switch/rack YAML or the Kubernetes nodes' labels "
-                     "(--topology, FIRSTFAULT_TOPOLOGY) would name the switch or rack shared by broad events and "
-                     "repeated network episodes")
+        notes.append(NO_TOPOLOGY_NOTE)
     if not every:
         return FleetReport(at=iso(at) if at else None, policy=policy, nodes=[], broad_events=[], shared_causes=[],
-                           topology=topology.source if topology else None,
-                           notes=notes + ["no episodes recorded: no node is avoided (the policy fails open)"])
+                           topology=topology.source if topology else None, notes=notes + [NO_EPISODES_NOTE])
     cycle = timedelta(seconds=policy.cycle_s)
     window = timedelta(days=policy.window_days)
     if at is None:
-        at = _cycle_start(every[-1].when, policy.cycle_s) + cycle
+        at = cycle_start(every[-1].when, policy.cycle_s) + cycle
     every = [e for e in every if e.when < at]
 
     # Cycles that hold episodes, in order; the evaluation instant closes the last one.
     cycles: dict[datetime, list[Episode]] = defaultdict(list)
     for e in every:
-        cycles[_cycle_start(e.when, policy.cycle_s)].append(e)
+        cycles[cycle_start(e.when, policy.cycle_s)].append(e)
     broad: list[BroadEvent] = []
     in_broad: set[tuple[str, str, str]] = set()      # (host, attempt key, family) of broad-event episodes
     avoided: dict[str, str] = {}                     # host -> since (cycle end)
@@ -336,18 +390,16 @@ def evaluate(records: Mapping[str, Iterable[Episode]], policy: Policy, topology:
         if end > at:
             break
         # The cycle that ``end`` closes (for ``at`` inside a cycle: that cycle so far).
-        this = cycles.get(_cycle_start(end - timedelta(microseconds=1), policy.cycle_s), [])
+        this = cycles.get(cycle_start(end - timedelta(microseconds=1), policy.cycle_s), [])
         hosts = sorted({e.host for e in this})
         if len(hosts) > policy.broad_threshold:
             in_broad.update((e.host, e.key, e.family) for e in this)
-            start = _cycle_start(end - timedelta(microseconds=1), policy.cycle_s)
+            start = cycle_start(end - timedelta(microseconds=1), policy.cycle_s)
             broad.append(BroadEvent(
                 cycle_start=iso(start), cycle_end=iso(start + cycle), nodes=hosts,
                 families=sorted({e.family for e in this}),
                 shared_causes=shared_causes(this, topology, policy.shared_min_nodes),
-                note=f"{len(hosts)} nodes suspect in one cycle (more than {policy.broad_threshold}): a broad event; "
-                     f"no node is avoided for it"
-                     + ("" if topology else "; a topology would name the switch or rack they share")))
+                note=broad_note(len(hosts), policy, topology)))
             continue
         # Avoids lapse when the node no longer qualifies (its episodes left the window).
         for h in list(avoided):
@@ -372,32 +424,12 @@ def evaluate(records: Mapping[str, Iterable[Episode]], policy: Policy, topology:
 
     views = []
     for h, eps in sorted(by_host.items()):
-        fams = counted(h, at)
-        counts = {f: len(v) for f, v in sorted(fams.items())}
         recent = [e for e in eps if at - window <= e.when < at]
-        broad_n = sum((e.host, e.key, e.family) in in_broad for e in recent)
-        best_f = max(sorted(fams), key=lambda f: len(fams[f]), default=None)
-        if h in avoided and best_f is not None:
-            why = (f"{len(fams[best_f])} {best_f} episodes within {policy.window_days:g} days "
-                   f"(policy: {policy.min_episodes}): " + "; ".join(_episode_ref(e) for e in fams[best_f][-4:]))
-            rec: Recommendation = "avoid"
-        elif h in pending:
-            rec, why = "watch", (f"qualifies for avoid ({counts}), but at most {policy.max_new_per_cycle} new avoid "
-                                 f"per cycle: another node was avoided first")
-        elif recent:
-            rec = "watch"
-            parts = [f"{n} {f} episode{'s' if n != 1 else ''}" for f, n in counts.items()]
-            why = (", ".join(parts) or "no counted episode") + \
-                  f" within {policy.window_days:g} days, fewer than {policy.min_episodes} of one family"
-            if broad_n:
-                why += f"; {broad_n} in a broad event, counted against no node"
-            ignored = sorted({e.sub_domain for e in recent if e.sub_domain in WORKLOAD_CAUSED})
-            if ignored:
-                why += f"; {', '.join(ignored)} is the workload's doing, not the node's"
-        else:
-            rec, why = "ok", f"no episode within {policy.window_days:g} days"
-        views.append(NodeView(host=h, recommendation=rec, why=why, since=avoided.get(h), counts=counts,
-                              episodes=sorted(eps, key=lambda e: (e.at, e.key, e.family), reverse=True)))
+        ignored = sorted({e.sub_domain for e in recent if e.sub_domain in WORKLOAD_CAUSED})
+        views.append(node_view(policy, h, sorted(eps, key=lambda e: (e.at, e.key, e.family), reverse=True),
+                               {f: [_episode_ref(e) for e in v] for f, v in counted(h, at).items()}, bool(recent),
+                               ignored, sum((e.host, e.key, e.family) in in_broad for e in recent), avoided.get(h),
+                               h in pending))
 
     # Repeated network episodes on several nodes in one cycle: the switch or rack they share.
     shared: list[SharedCause] = []
@@ -407,8 +439,7 @@ def evaluate(records: Mapping[str, Iterable[Episode]], policy: Policy, topology:
         shared += shared_causes(net, topology, policy.shared_min_nodes)
     if topology is None and any(len({e.host for e in eps if e.family == "network"}) >= policy.shared_min_nodes
                                 for eps in cycles.values()):
-        notes.append("network episodes on several nodes in one cycle: a topology would tell whether they share a "
-                     "leaf switch")
+        notes.append(NETWORK_NOTE)
     return FleetReport(at=iso(at), policy=policy, nodes=views, broad_events=broad, shared_causes=shared,
                        topology=topology.source if topology else None, notes=notes)
 

@@ -202,7 +202,7 @@ def register(subparsers) -> None:
                "  firstfault nodes --rebuild                rebuild the record from the diagnoses topic first\n"
                "  firstfault nodes --topology topology.conf name the switch or rack shared by a broad event\n"
                "policy: FIRSTFAULT_AVOID_MIN_EPISODES=2, _WINDOW_DAYS=14, _MAX_NEW_PER_CYCLE=1, _CYCLE_S=3600,\n"
-               "        _BROAD_THRESHOLD=16, _COUNT_SUSPECTS=1, _SHARED_MIN_NODES=2")
+               "        _BROAD_THRESHOLD=16, _COUNT_SUSPECTS=1, _SHARED_MIN_NODES=2, _RETAIN_MARGIN_DAYS=2")
     p.add_argument("node", nargs="?", help="show only this node, with its episodes")
     p.add_argument("--json", action="store_true", help="the fleet report as one JSON object")
     p.add_argument("--rebuild", action="store_true",
@@ -210,8 +210,7 @@ def register(subparsers) -> None:
     p.add_argument("--topology", default=None,
                    help="Slurm topology.conf, a switch/rack YAML or `kubectl get nodes -o json` (FIRSTFAULT_TOPOLOGY)")
     p.add_argument("--at", type=_at, default=None,
-                   help="evaluate the policy at this time (ISO-8601, now, or an age: 2d); "
-                        "default: the end of the newest episode's cycle")
+                   help="evaluate the policy at this time (ISO-8601, now, or an age: 2d); default: now")
     p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (FIRSTFAULT_KAFKA_BOOTSTRAP)")
     p.add_argument("--redis-url", default=None, help="Redis URL (FIRSTFAULT_REDIS_URL)")
     p.add_argument("--prefix", default=None, help="topic prefix (FIRSTFAULT_TOPIC_PREFIX, default 'firstfault.')")

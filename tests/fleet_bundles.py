@@ -55,3 +55,13 @@ def diagnose(bundle: Path) -> Diagnosis:
 
 
 T0 = datetime(2026, 11, 2, 10, 3, 11, tzinfo=timezone.utc)
+
+
+def retarget(d: Diagnosis, wid: str, host: str, at: datetime) -> Diagnosis:
+    """The same attributed diagnosis as workload ``wid``, blaming ``host`` at ``at`` (no engine run)."""
+    stamp = at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    assert d.root_cause is not None
+    rc = d.root_cause.model_copy(update={"host": host, "onset": stamp, "timestamp": stamp})
+    return d.model_copy(update={"workload_id": wid, "diagnosis_id": f"sha256:{wid}", "root_cause": rc,
+                                "responsible_nodes": [host], "suspect_nodes": [],
+                                "recovery": d.recovery.model_copy(update={"nodes": [host]})})

@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -50,6 +50,10 @@ def anyio_backend():
     return "asyncio"
 
 
+# The record's tests judge at a fixed instant, not the clock: the end of the cycle of their newest episode.
+JUDGED = {"day0": "2026-11-02T11:00:00Z", "day3": "2026-11-05T11:00:00Z"}
+
+
 def nodes_cli(prefix: str, *args: str) -> dict:
     env = {**os.environ, "FIRSTFAULT_REDIS_URL": REDIS_URL, "FIRSTFAULT_REDIS_PREFIX": prefix}
     env.pop("FIRSTFAULT_TOPOLOGY", None)
@@ -87,14 +91,15 @@ def test_weak_ib_evidence_makes_suspect_network_episodes_and_application_faults_
 
 @pytest.mark.anyio
 async def test_two_xid79_workloads_on_one_node_make_it_avoid(tmp_path, prefix):
-    app = create_app(ServiceSettings(redis_url=REDIS_URL, redis_prefix=prefix))
+    judged = datetime.fromisoformat(JUDGED["day3"]).timestamp()
+    app = create_app(ServiceSettings(redis_url=REDIS_URL, redis_prefix=prefix), clock=lambda: judged)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         for wid, at in (("train-a", T0), ("train-b", T0 + timedelta(days=3))):
             bundle = xid79_bundle(tmp_path, wid, "node-07", at)
             tar = subprocess.run(["tar", "-czf", "-", "-C", str(bundle), "."], capture_output=True, check=True).stdout
             r = await c.post("/v1/analyze", content=tar, headers={"content-type": "application/gzip"})
             assert r.status_code == 200 and r.json()["sub_domain"] == "gpu_fell_off_bus", r.text[:300]
-        report = nodes_cli(prefix)
+        report = nodes_cli(prefix, "--at", JUDGED["day3"])
         node = view(report, "node-07")
         assert node["recommendation"] == "avoid", node
         assert node["counts"] == {"gpu": 2} and "2 gpu episodes within 14 days" in node["why"]
@@ -120,7 +125,7 @@ def test_at_most_one_new_avoid_per_cycle(tmp_path, prefix):
     for host in ("node-07", "node-08"):
         for wid, at in ((f"{host}-a", T0), (f"{host}-b", T0 + timedelta(minutes=10))):
             store.record(diagnose(xid79_bundle(tmp_path, wid, host, at)))
-    report = nodes_cli(prefix)
+    report = nodes_cli(prefix, "--at", JUDGED["day0"])
     recs = {n["host"]: n["recommendation"] for n in report["nodes"]}
     assert sorted(recs.values()) == ["avoid", "watch"], recs
     waiting = next(n for n in report["nodes"] if n["recommendation"] == "watch")
@@ -139,7 +144,7 @@ def test_twenty_nodes_suspect_at_once_are_a_broad_event_with_no_avoid(tmp_path, 
         store.record(diagnose(ib_bundle(tmp_path, f"job-{h}", h, T0 + timedelta(seconds=30 * i))))
     topo = tmp_path / "topology.conf"
     topo.write_text(TOPOLOGY_CONF)
-    report = nodes_cli(prefix, "--topology", str(topo))
+    report = nodes_cli(prefix, "--topology", str(topo), "--at", JUDGED["day0"])
     [broad] = report["broad_events"]
     assert broad["nodes"] == hosts and "broad event" in broad["note"]
     assert all(n["recommendation"] != "avoid" for n in report["nodes"]), report["nodes"]
@@ -160,14 +165,14 @@ def test_ib_link_errors_on_four_nodes_under_one_leaf_name_the_switch(tmp_path, p
     store.record(diagnose(ib_bundle(tmp_path, "elsewhere", "node06", T0 + timedelta(minutes=1))))
     topo = tmp_path / "topology.conf"
     topo.write_text(TOPOLOGY_CONF)
-    report = nodes_cli(prefix, "--topology", str(topo))
+    report = nodes_cli(prefix, "--topology", str(topo), "--at", JUDGED["day0"])
     [cause] = report["shared_causes"]
     assert (cause["kind"], cause["name"], cause["level"]) == ("switch", "leaf1", 0)
     assert cause["nodes"] == ["node01", "node02", "node03", "node04"] and cause["of"] == 5
     assert len(cause["episodes"]) == 4 and all("ib_link_error" in e for e in cause["episodes"])
     assert "leaf switch leaf1" in cause["why"]
     # Without the topology the report says a topology would help.
-    bare = nodes_cli(prefix)
+    bare = nodes_cli(prefix, "--at", JUDGED["day0"])
     assert bare["shared_causes"] == [] and any("topology" in n for n in bare["notes"])
 
 

@@ -60,7 +60,9 @@ def test_rebuild_from_the_diagnoses_topic_gives_avoid_and_publishes_node_health(
     NodeHealthStore(redis_url, redis_prefix).record(diagnose(xid79_bundle(tmp_path, "stale", "node-50", T0)))
     env = {**os.environ, "FIRSTFAULT_REDIS_PREFIX": redis_prefix, "FIRSTFAULT_TIME_INDEX": "scan"}
     env.pop("FIRSTFAULT_TOPOLOGY", None)
+    # Judged at the end of the newest episode's cycle, not the clock (the record is in the past).
     out = subprocess.run([sys.executable, "-m", "firstfault", "nodes", "--rebuild", "--json",
+                          "--at", "2026-11-04T11:00:00Z",
                           "--bootstrap", cfg.bootstrap, "--redis-url", redis_url, "--prefix", cfg.prefix],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

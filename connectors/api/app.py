@@ -1,7 +1,8 @@
 """The Attribution Service: ``create_app`` wires settings, store, engine, auth, metrics and pages."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,13 +33,15 @@ service and the stream stored. Errors are always `{"error": {"code", "message", 
 
 
 def create_app(settings: ServiceSettings | None = None, store: DiagnosisStore | None = None,
-               publisher: Publisher | None = None, kafka_ready: ReadyCheck | None = None) -> FastAPI:
+               publisher: Publisher | None = None, kafka_ready: ReadyCheck | None = None,
+               clock: Callable[[], float] = time.time) -> FastAPI:
     """Build the service.
 
     ``settings`` default to the ``FIRSTFAULT_*`` environment; ``store`` to one on
     ``settings.redis_url`` (in-process memory without a URL). ``publisher(diagnosis)``
     sends a diagnosis to the diagnoses topic and ``kafka_ready()`` says whether the
-    broker is reachable; both may be sync or async and are optional.
+    broker is reachable; both may be sync or async and are optional. ``clock`` (seconds
+    since the epoch) is when the fleet memory's policy is judged: now, unless a test says.
     """
     settings = settings or ServiceSettings.from_env()
     ctx = ServiceContext(
@@ -47,7 +50,7 @@ def create_app(settings: ServiceSettings | None = None, store: DiagnosisStore | 
         catalog=load_catalog(settings.rules),       # fail at start, not on the first request
         runner=EngineRunner(settings), metrics=Metrics(), auth=Auth(settings),
         publisher=publisher, kafka_ready=kafka_ready,
-        nodes=NodeHealthStore(settings.redis_url, settings.redis_prefix))
+        nodes=NodeHealthStore(settings.redis_url, settings.redis_prefix, clock=clock), clock=clock)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

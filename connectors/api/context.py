@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from firstfault.connectors.sinks.fleet_memory import FleetMemory
 from firstfault.connectors.sinks.node_health import NodeHealthStore
 from firstfault.connectors.sinks.redis_store import DiagnosisStore
 from firstfault.rules.catalog import Catalog
@@ -50,7 +52,12 @@ class ServiceContext:
     auth: Auth
     publisher: Publisher | None = None
     kafka_ready: ReadyCheck | None = None
-    nodes: NodeHealthStore | None = None        # the fleet memory (same Redis and prefix as the store)
+    nodes: NodeHealthStore | None = None        # the fleet memory's record (same Redis and prefix as the store)
+    clock: Callable[[], float] = time.time      # when the fleet memory is judged: now, unless a test says
+    fleet: FleetMemory = field(init=False)      # the fleet state, kept current from the record
+
+    def __post_init__(self) -> None:
+        self.fleet = FleetMemory(self.nodes or NodeHealthStore(None), clock=self.clock)
 
     async def in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Store calls are blocking (redis-py sync client): keep them off the event loop."""

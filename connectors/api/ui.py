@@ -151,22 +151,20 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
         return _page(request, "lines.html", {**found, "back": back})
 
     @router.get("/nodes", dependencies=[read], response_class=HTMLResponse,
-                summary="Nodes: episodes, recommendation (avoid, watch, ok) and why (HTML)",
-                responses=_html_responses(401, 403, 503))
-    async def nodes(request: Request) -> Response:
-        report = await ctx.in_thread(build_report, ctx)
-        return _page(request, "nodes.html", {"report": report, "nodes": report.nodes, "one": False,
-                                             "badge": NODE_BADGE})
+                summary="Nodes: episodes, recommendation (avoid, watch, ok) and why, a page at a time (HTML)",
+                responses=_html_responses(401, 403, 422, 503))
+    async def nodes(request: Request, cursor: Annotated[str | None, Query(max_length=256)] = None) -> Response:
+        report, nxt = await ctx.in_thread(build_report, ctx, cursor or None)
+        return _page(request, "nodes.html", {"report": report, "nodes": report["nodes"], "one": False,
+                                             "badge": NODE_BADGE,
+                                             "next_url": f"/ui/nodes?{urlencode({'cursor': nxt})}" if nxt else None})
 
     @router.get("/nodes/{node}", dependencies=[read], response_class=HTMLResponse,
                 summary="One node's episodes, recommendation and why (HTML)",
                 responses=_html_responses(401, 403, 422, 503))
     async def node(request: Request, node: Annotated[str, Path(min_length=1, max_length=256)]) -> Response:
-        report = await ctx.in_thread(build_report, ctx)
-        one = node_report(report, node)
-        return _page(request, "nodes.html", {
-            "report": report.model_copy(update={"broad_events": one.broad_events, "shared_causes": one.shared_causes}),
-            "nodes": [one.node], "one": True, "badge": NODE_BADGE})
+        one = await ctx.in_thread(node_report, ctx, node)
+        return _page(request, "nodes.html", {"report": one, "nodes": [one.node], "one": True, "badge": NODE_BADGE})
 
     @router.get("/login", response_class=HTMLResponse, summary="Token form for the pages (HTML)",
                 responses=_html_responses(422))

@@ -29,7 +29,9 @@ With a Redis (``--redis-url``): before deciding, an attempt that fails like its 
 previous attempt escalates (``rules/attempts.py``: retry -> retry_excluding_nodes ->
 drain_nodes), and a weaker hint (retry, retry excluding the node, or unattributed
 suspects) drains the nodes the fleet memory's policy recommends to ``avoid``: a first weak
-episode never drains, a repeat offender does, within the same guards.
+episode never drains, a repeat offender does, within the same guards. The policy is judged
+for the diagnosis' nodes only, from a fleet state kept current from the record's changelog,
+at the end of the diagnosis' cycle (now, if that is earlier).
 
 Every decision, acted or refused and why, is appended to the audit log (JSON lines,
 opened in append mode, fsynced). On start the log is read back, so the limits and the
@@ -58,11 +60,12 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from firstfault.rules.attempts import escalate
-from firstfault.rules.fleet import Policy, episodes_from, evaluate
+from firstfault.rules.fleet import Policy, episodes_from
 from firstfault.schemas import Diagnosis
 
 from .. import metrics_names as M
 from ..hostlist import HostlistError, expand
+from .fleet_memory import FleetMemory
 from .node_health import NodeHealthStore
 from .redis_store import DiagnosisStore
 
@@ -165,6 +168,7 @@ class RecoverySink:
         self.cfg, self.out, self.clock = cfg, out or sys.stdout, clock
         # The fleet memory (repeat offenders) and the diagnoses store (the previous attempt); both optional.
         self.fleet, self.history, self.policy = fleet, history, policy or Policy()
+        self.memory = FleetMemory(fleet, clock=clock) if fleet is not None else None
         if runner is None:
             k8s_api = cfg.scheduler == "kubernetes" and shutil.which(cfg.kubectl) is None
             runner = cordon_via_api if k8s_api else subprocess.run
@@ -232,14 +236,10 @@ class RecoverySink:
         if self.fleet is None or d.provisional or not weak_ok:
             return [], why, {}
         mine = episodes_from(d)
-        if not mine:
+        if not mine or self.memory is None:
             return [], why, {}
-        records = self.fleet.records()
-        for e in mine:                       # this diagnosis counts, whether or not it is recorded yet
-            have = [x for x in records.get(e.host, []) if (x.key, x.family) != (e.key, e.family)]
-            records[e.host] = [*have, e]
-        report = evaluate(records, self.policy)
-        views = {n.host: n for n in report.nodes}
+        # This diagnosis counts, whether or not it is recorded yet; only its nodes are judged.
+        views = self.memory.what_if(self.policy, d)
         hosts = sorted({e.host for e in mine})
         avoid = [h for h in hosts if h in views and views[h].recommendation == "avoid"]
         detail = {"fleet": {h: {"recommendation": views[h].recommendation, "why": views[h].why}
@@ -247,7 +247,7 @@ class RecoverySink:
         if not avoid:
             return [], (f"{why}; fleet record: not a repeat offender ({'; '.join(f'{h}: {views[h].why}' for h in hosts if h in views)}): "
                         "a first weak episode never drains"), detail
-        subs = {e.sub_domain for h in avoid for e in records[h]} & set(self.cfg.allow_sub_domains)
+        subs = {e.sub_domain for h in avoid for e in views[h].episodes} & set(self.cfg.allow_sub_domains)
         if not subs:
             return [], f"{why}; fleet record: {', '.join(avoid)} repeat, but no episode sub_domain is on the allow-list", \
                 detail
