@@ -718,3 +718,16 @@ async def test_context_kept_per_diagnosis_is_bounded_and_a_missing_one_says_why(
     missing = next(s.sample for s in d.symptoms if s.sample.path not in kept or str(s.sample.line) not in kept[s.sample.path])
     got = (await c.get("/v1/lines/slurm-4471823", params={"path": missing.path, "line": missing.line})).json()
     assert got["source"] == "none" and "first 200 references" in got["note"]
+
+
+@pytest.mark.parametrize("query", ["limit=abc&limit=5", "limit=5&limit=5", "limit=%0A5", "limit=%205", "limit=5%09"])
+async def test_a_query_is_taken_at_its_word_or_refused(make_client, query):
+    """A repeated parameter, or a value with blanks or control characters around it, is not read as
+    some other valid request (Starlette kept the last value; pydantic read '\\n5' as 5): 422."""
+    c = make_client()
+    for path in ("/v1/nodes", "/v1/diagnoses"):
+        r = await c.get(f"{path}?{query}")
+        assert r.status_code == 422, (path, query, r.status_code, r.text[:200])
+        assert r.json()["error"]["code"] == "invalid_request"
+    assert (await c.get("/v1/nodes?limit=5")).status_code == 200
+    assert (await c.get("/v1/diagnoses?limit=5")).status_code == 200

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 
@@ -20,6 +20,7 @@ from .auth import Auth
 from .context import Publisher, ReadyCheck, ServiceContext
 from .errors import ApiError
 from .evidence import AnalyzeRequest
+from .query import plain_query
 from .fleet import build_fleet_router
 from .metrics import Metrics, MetricsMiddleware
 from .routes import build_router
@@ -58,7 +59,7 @@ def create_app(settings: ServiceSettings | None = None, store: DiagnosisStore | 
         ctx.runner.close()
 
     app = FastAPI(title="firstfault Attribution Service", version=firstfault.__version__,
-                  description=DESCRIPTION, lifespan=lifespan)
+                  description=DESCRIPTION, lifespan=lifespan, dependencies=[Depends(plain_query)])
     app.state.ctx = ctx
     errors.install(app, html=render_error, translate={
         StoreUnavailable: lambda exc: ApiError(503, "store_unavailable", f"the diagnoses store is unavailable: {exc}",
