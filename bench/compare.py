@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the benchmarks on another revision and on the working tree, in one run, and print ratios.
 
-    python bench/compare.py REV [--only analyze stream service] [--rounds 2] [--json]
+    python bench/compare.py REV [--only analyze stream service startup] [--rounds 2] [--json]
     (bench/compare.sh REV is the same)
 
 REV is checked out in a temporary git worktree with its own virtualenv that reuses this
@@ -43,6 +43,11 @@ BENCHES: dict[str, tuple[list[str], list[tuple[str, tuple[str, ...], str]]]] = {
         ("extractor records/s", ("extractor_worker", "records_per_s"), "rate"),
         ("correlator events/s", ("correlator", "events_per_s"), "rate"),
         ("end->final p99 beyond grace s", ("latency", "p99_beyond_grace_s"), "time"),
+    ]),
+    "startup": (["bench/bench_startup.py", "--json"], [
+        ("python -c pass s (yardstick)", ("python_bare", "wall_s_min"), "time"),
+        ("analyze small file s (warm cache)", ("analyze_warm", "wall_s_min"), "time"),
+        ("analyze small file s (cold cache)", ("analyze_cold", "wall_s_min"), "time"),
     ]),
     "service": (["bench/bench_service.py", "--json"], [
         ("service req/s", ("requests_per_s",), "rate"),
@@ -91,8 +96,10 @@ def dig(d: dict, path: tuple[str, ...]):
 
 def run(py: Path, tree: Path, args: list[str], cwd: Path) -> dict:
     """``args[0]`` (a script path relative to the tree) run from a neutral directory: a tree's own
-    ``firstfault/`` folder must not shadow the installed package."""
-    proc = subprocess.run([str(py), str(tree / args[0]), *args[1:]], cwd=cwd, capture_output=True, text=True)
+    ``firstfault/`` folder must not shadow the installed package. A benchmark newer than REV runs
+    from the working tree's script (it measures the interpreter it is run by)."""
+    script = tree / args[0] if (tree / args[0]).exists() else ROOT / args[0]
+    proc = subprocess.run([str(py), str(script), *args[1:]], cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
     try:

@@ -210,7 +210,18 @@ def _add_stream_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", help="topic prefix (FIRSTFAULT_TOPIC_PREFIX, default 'firstfault.')")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The stream module that registers each of its commands. Only the module of the command being run
+# is imported: each pulls in the stream stack, and `analyze` of a small file should start at once.
+STREAM_COMMANDS = {"up": "up", "topology": "up", "diagnoses": "follow", "replay": "replay", "nodes": "node_health"}
+RULES_LOCAL = ("test", "lint", "list")      # rules commands that need no broker
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The whole command line, or, when ``argv`` names a command (and asks no help of the top level),
+    only what that command needs: the others' stream modules are not imported."""
+    command = argv[0] if argv else None
+    known = command in STREAM_COMMANDS or command in ("analyze", "ship", "serve", "rules")
+    only = command if known else None
     parser = argparse.ArgumentParser(
         prog="firstfault", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
@@ -240,14 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_ship)
 
     sub.add_parser("serve", add_help=False, help="the REST service and diagnosis pages (firstfault serve --help)")
-    from firstfault.streams import follow, replay, up
+    import importlib
 
-    up.register(sub)        # up, topology
-    follow.register(sub)    # diagnoses
-    replay.register(sub)    # replay
-    from firstfault.streams import node_health
-
-    node_health.register(sub)   # nodes
+    for module in dict.fromkeys(STREAM_COMMANDS.values()):      # up (and topology), diagnoses, replay, nodes
+        if only is None or STREAM_COMMANDS.get(only) == module:
+            importlib.import_module(f"firstfault.streams.{module}").register(sub)
 
     rules = sub.add_parser("rules", help="test, lint and list the rule catalog; publish, shadow, promote and roll it back")
     rsub = rules.add_subparsers(dest="rules_command", required=True)
@@ -260,9 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "test":
             rp.add_argument("--only", help="only rules whose id starts with this")
         rp.set_defaults(fn=fn)
-    from firstfault.streams import rules_cli
+    if only is None or (only == "rules" and (list(argv[1:2]) or [""])[0] not in RULES_LOCAL):
+        from firstfault.streams import rules_cli
 
-    rules_cli.register(rsub, _connect, _add_stream_flags)     # publish, shadow, promote, rollback
+        rules_cli.register(rsub, _connect, _add_stream_flags)     # publish, shadow, promote, rollback
     _describe(sub)
     _describe(rsub)
     return parser
@@ -284,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         _serve_store(argv[1:])
         return serve_main(argv[1:])
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     stdout = sys.stdout
     if not getattr(args, "json", False):

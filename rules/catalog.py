@@ -14,8 +14,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, get_args
 
-import yaml
-
 from firstfault.schemas.diagnosis import RecoveryAction
 
 from .decoders import DECODERS, ROLES, Tag, load_builtin_decoders
@@ -25,7 +23,6 @@ from . import yaml_cache
 from .redos import BUDGET_S, find_redos
 from .regex import LinearRegex, LineMatch, RegexError
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml when built in: 10x faster
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUILTIN_CATALOG = PACKAGE_DIR / "catalog"
 SOURCES = frozenset({"app", "syslog", "fabricmanager", "scheduler", "metrics"})
@@ -514,10 +511,14 @@ def _scenarios(raw: Any, errs: _Errors, file: str, rid: str, what: str) -> tuple
 
 
 def _parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)
+    import yaml         # only a build reads YAML: a catalog restored from the cache does not
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))     # libyaml: 10x faster
 
 
 def _read_yaml(path: Path, rel: str, errs: _Errors) -> Any:
+    import yaml
+
     try:
         return yaml_cache.load(path.read_bytes(), _parse_yaml) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -525,7 +526,8 @@ def _read_yaml(path: Path, rel: str, errs: _Errors) -> Any:
         return {}
 
 
-def _build(files: Mapping[str, Path], root: str, strict: bool) -> tuple[Catalog, list[CatalogError]]:
+def _build(files: Mapping[str, Path], root: str, strict: bool,
+           version: str | None = None) -> tuple[Catalog, list[CatalogError]]:
     load_builtin_decoders()
     errs = _Errors(strict)
     taxonomy: dict[str, Any] = {}
@@ -589,7 +591,7 @@ def _build(files: Mapping[str, Path], root: str, strict: bool) -> tuple[Catalog,
         explains=tuple(sorted(explains, key=lambda r: (-r.priority, r.id))),
         settings=settings, taxonomy=taxonomy, lists=lists,
         data_dir=files["data/taxonomy.yaml"].parent if tax_file else BUILTIN_CATALOG / "data",
-        version=catalog_version(files),
+        version=version or catalog_version(files),
     )
     return catalog, errs.items
 
@@ -644,9 +646,13 @@ def _taxonomy(doc: Any, errs: _Errors) -> dict[str, dict[str, Mapping[str, Any]]
 
 @lru_cache(maxsize=8)
 def _load_cached(overlay: str | None) -> Catalog:
+    from . import catalog_cache         # it reads the pickled classes of this module
+
     files = catalog_files(BUILTIN_CATALOG, Path(overlay) if overlay else None)
-    catalog, _ = _build(files, overlay or str(BUILTIN_CATALOG), strict=True)
-    return catalog
+    root = overlay or str(BUILTIN_CATALOG)
+    version = catalog_version(files)
+    load_builtin_decoders()
+    return catalog_cache.load(version, root, lambda: _build(files, root, strict=True, version=version)[0])
 
 
 def load_catalog(overlay: str | Path | None = None) -> Catalog:

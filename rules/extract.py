@@ -23,7 +23,7 @@ from firstfault.schemas import WorkloadRecord
 from .bundle import source_of
 from .catalog import Catalog, Pattern
 from .model import Ev, EventSet
-from .prefilter import Prefilter, TooManyHits
+from .prefilter import Prefilter, TooManyHits, anchor_index
 from .regex import LineMatch
 from .prefixes import Head, StampContext, read_head
 from .stamps import parse_iso
@@ -131,22 +131,6 @@ class LineMemory:
         buf.append((line, text))
 
 
-
-@lru_cache(maxsize=8)
-def _compiled(catalog: Catalog) -> tuple[Prefilter, list[list[Pattern]]]:
-    """One prefilter per catalog; anchor id -> patterns that list it (priority order)."""
-    index: dict[tuple[str, bool], int] = {}
-    by_anchor: list[list[Pattern]] = []
-    for pat in catalog.patterns:            # already in priority order
-        for anchor in pat.anchors:
-            key = (anchor, pat.ignore_case)
-            if key not in index:
-                index[key] = len(by_anchor)
-                by_anchor.append([])
-            by_anchor[index[key]].append(pat)
-    return Prefilter(list(index)), by_anchor
-
-
 class _Memo:
     """What the extractors of one catalog learn as they read, shared and bounded (a stream worker
     holds an extractor per live workload): how a message alike but for its digits matched
@@ -198,7 +182,7 @@ class Extractor:
         self.catalog = catalog
         self.workload = workload
         self.hosts = HostResolver(workload)
-        pre, self.by_anchor = _compiled(catalog)
+        pre, self.by_anchor = anchor_index(catalog)
         self.prefilter = Prefilter(pre.anchors, force_fallback=True) if force_fallback else pre
         self._priority = {p.id: i for i, p in enumerate(catalog.patterns)}
         self._cand_cache: dict[tuple[frozenset[int], str], _Candidates] = {}

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import re2
-from collections.abc import Sequence
+
+if TYPE_CHECKING:
+    from .catalog import Catalog, Pattern
 
 try:  # pragma: no cover - exercised when the binding is installed
     import hyperscan as _hs
@@ -35,14 +40,22 @@ class TooManyHits(Exception):
 class Prefilter:
     """Compiled once per catalog; ``scan(chunk)`` -> {line_start: {anchor ids}}."""
 
-    def __init__(self, anchors: Sequence[tuple[str, bool]], force_fallback: bool = False) -> None:
+    def __init__(self, anchors: Sequence[tuple[str, bool]], force_fallback: bool = False,
+                 _database: bytes | None = None) -> None:
         self.anchors = list(anchors)
         self.engine = "hyperscan" if (_hs is not None and not force_fallback and self.anchors) else "re"
         if self.engine == "hyperscan":
-            db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-            exprs = [re.escape(a).encode() for a, _ in self.anchors]
-            flags = [_hs.HS_FLAG_CASELESS if ci else 0 for _, ci in self.anchors]
-            db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=flags)
+            db = None
+            if _database is not None:
+                try:                            # a database serialized on another CPU may not load here
+                    db = _hs.loadb(_database, _hs.HS_MODE_BLOCK)
+                except _hs.error:
+                    db = None
+            if db is None:
+                db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+                exprs = [re.escape(a).encode() for a, _ in self.anchors]
+                flags = [_hs.HS_FLAG_CASELESS if ci else 0 for _, ci in self.anchors]
+                db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=flags)
             self._db = db
             self._local = threading.local()      # Hyperscan scratch space is per thread
         else:
@@ -53,6 +66,11 @@ class Prefilter:
             # RE2 (linear in the chunk); Python's re would try every alternative at every byte.
             self._re = _alternation(sens, True) if sens else None
             self._re_ci = _alternation(insens, False) if insens else None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (rules/catalog_cache.py) as its anchors and, for Hyperscan, the compiled database.
+        database = bytes(_hs.dumpb(self._db)) if self.engine == "hyperscan" else None
+        return Prefilter, (self.anchors, self.engine == "re", database)
 
     def scan(self, chunk: bytes, window: int | None = None, max_hits: int | None = None) -> dict[int, set[int]]:
         """``window``: only a line's first ``window`` bytes are read later, so the overlap
@@ -117,3 +135,34 @@ class Prefilter:
                     elif a.encode() in line:
                         hits[start].add(i)
         return hits
+
+
+AnchorIndex = tuple[Prefilter, list[list["Pattern"]]]
+_INDEXES: "weakref.WeakKeyDictionary[Catalog, AnchorIndex]" = weakref.WeakKeyDictionary()
+
+
+def build_anchor_index(catalog: "Catalog") -> AnchorIndex:
+    """One prefilter over every pattern's anchors; anchor id -> patterns that list it (priority order)."""
+    index: dict[tuple[str, bool], int] = {}
+    by_anchor: list[list[Pattern]] = []
+    for pat in catalog.patterns:            # already in priority order
+        for anchor in pat.anchors:
+            key = (anchor, pat.ignore_case)
+            if key not in index:
+                index[key] = len(by_anchor)
+                by_anchor.append([])
+            by_anchor[index[key]].append(pat)
+    return Prefilter(list(index)), by_anchor
+
+
+def anchor_index(catalog: "Catalog") -> AnchorIndex:
+    """The catalog's anchor index, built once per loaded catalog (or restored with it from the cache)."""
+    got = _INDEXES.get(catalog)
+    if got is None:
+        got = _INDEXES[catalog] = build_anchor_index(catalog)
+    return got
+
+
+def keep_anchor_index(catalog: "Catalog", index: AnchorIndex) -> None:
+    """Use ``index`` (restored from the on-disk cache with ``catalog``) instead of building one."""
+    _INDEXES[catalog] = index

@@ -24,6 +24,34 @@ class RegexError(ValueError):
     """The pattern is not valid RE2 syntax (look-around, back-references, ...)."""
 
 
+def _compile(pattern: str, ignore_case: bool) -> re2._Regexp:
+    opts = re2.Options()
+    opts.log_errors = False            # RE2 would print every rejected pattern on stderr
+    opts.case_sensitive = not ignore_case
+    try:
+        return re2.compile(pattern, opts)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise RegexError(f"not a linear-time (RE2) regex: {reason}") from None
+
+
+class _Pending:
+    """A restored regex's RE2 object until its first use, which compiles it and puts it in place
+    (the match path then calls RE2 directly, as for a regex compiled at once)."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: "LinearRegex") -> None:
+        self.owner = owner
+
+    def Match(self, *args: object) -> list[tuple[int, int]]:          # noqa: N802 - RE2's own name
+        rx = _compile(self.owner.pattern, self.owner.ignore_case)._regexp
+        self.owner._rx = rx
+        return rx.Match(*args)
+
+
 class LineMatch:
     """The named groups of one match (all a catalog pattern's user reads)."""
 
@@ -42,22 +70,22 @@ class LinearRegex:
     __slots__ = ("pattern", "ignore_case", "groupindex", "digit_blind", "_rx", "_names")
 
     def __init__(self, pattern: str, ignore_case: bool = False) -> None:
-        opts = re2.Options()
-        opts.log_errors = False            # RE2 would print every rejected pattern on stderr
-        opts.case_sensitive = not ignore_case
-        try:
-            compiled = re2.compile(pattern, opts)
-        except re2.error as exc:
-            reason = exc.args[0] if exc.args else exc
-            if isinstance(reason, bytes):
-                reason = reason.decode("utf-8", "replace")
-            raise RegexError(f"not a linear-time (RE2) regex: {reason}") from None
+        compiled = _compile(pattern, ignore_case)
         self.pattern = pattern
         self.ignore_case = ignore_case
         self.groupindex: Mapping[str, int] = dict(compiled.groupindex)
         self._rx = compiled._regexp
         self._names = tuple(sorted(self.groupindex.items(), key=lambda kv: kv[1]))
         self.digit_blind = digit_blind(pattern)
+
+    # Pickled (the on-disk catalog cache, rules/catalog_cache.py) without the compiled RE2 object:
+    # restored, the pattern compiles at its first match, so a run compiles only the patterns it uses.
+    def __getstate__(self) -> tuple:
+        return self.pattern, self.ignore_case, self.groupindex, self._names, self.digit_blind
+
+    def __setstate__(self, state: tuple) -> None:
+        self.pattern, self.ignore_case, self.groupindex, self._names, self.digit_blind = state
+        self._rx = _Pending(self)
 
     def search(self, text: str, data: bytes | None = None) -> LineMatch | None:
         """``data``: the text's UTF-8 bytes when the caller has them (one encoding per line)."""

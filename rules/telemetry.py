@@ -33,7 +33,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from .model import Ev
@@ -41,19 +40,21 @@ from .stamps import parse_iso
 
 # DCGM field names as dcgm-exporter exports them (NVIDIA/dcgm-exporter etc/default-counters.csv
 # and etc/dcp-metrics-included.csv; signatures.md section 3.17).
-DEFAULT_THRESHOLDS_YAML = """
-- {metric: DCGM_FI_DEV_XID_ERRORS, kind: changed, value: 0, why: "a new Xid on this GPU"}
-- {metric: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, kind: increase, value: 0, why: "uncorrectable (double-bit) ECC error"}
-- {metric: DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS, kind: increase, value: 0, why: "row remapped for an uncorrectable error"}
-- {metric: DCGM_FI_DEV_ROW_REMAP_FAILURE, kind: above, value: 1, why: "row remapping failed: the GPU needs service"}
-- {metric: DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, kind: increase, value: 100, why: "NVLink flit CRC errors"}
-- {metric: DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, kind: increase, value: 100, why: "NVLink data CRC errors"}
-- {metric: DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, kind: increase, value: 100, why: "NVLink replays"}
-- {metric: DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, kind: increase, value: 0, why: "NVLink link recovery"}
-- {metric: DCGM_FI_DEV_PCIE_REPLAY_COUNTER, kind: increase, value: 100, why: "PCIe replays"}
-- {metric: DCGM_FI_DEV_GPU_TEMP, kind: above, value: 90, why: "GPU temperature (C)"}
-- {metric: DCGM_FI_DEV_MEMORY_TEMP, kind: above, value: 95, why: "HBM temperature (C)"}
-"""
+DEFAULT_THRESHOLDS: tuple[dict[str, Any], ...] = (
+    {"metric": "DCGM_FI_DEV_XID_ERRORS", "kind": "changed", "value": 0, "why": "a new Xid on this GPU"},
+    {"metric": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "kind": "increase", "value": 0, "why": "uncorrectable (double-bit) ECC error"},
+    {"metric": "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "kind": "increase", "value": 0, "why": "row remapped for an uncorrectable error"},
+    {"metric": "DCGM_FI_DEV_ROW_REMAP_FAILURE", "kind": "above", "value": 1, "why": "row remapping failed: the GPU needs service"},
+    {"metric": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "kind": "increase", "value": 100, "why": "NVLink flit CRC errors"},
+    {"metric": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "kind": "increase", "value": 100, "why": "NVLink data CRC errors"},
+    {"metric": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "kind": "increase", "value": 100, "why": "NVLink replays"},
+    {"metric": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "kind": "increase", "value": 0, "why": "NVLink link recovery"},
+    {"metric": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "kind": "increase", "value": 100, "why": "PCIe replays"},
+    {"metric": "DCGM_FI_DEV_GPU_TEMP", "kind": "above", "value": 90, "why": "GPU temperature (C)"},
+    {"metric": "DCGM_FI_DEV_MEMORY_TEMP", "kind": "above", "value": 95, "why": "HBM temperature (C)"},
+)
+# The same table as a thresholds file reads (JSON objects are YAML flow mappings).
+DEFAULT_THRESHOLDS_YAML = "".join(f"- {json.dumps(row)}\n" for row in DEFAULT_THRESHOLDS)
 
 XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
 EVENT_KIND = "dcgm_threshold"
@@ -65,7 +66,7 @@ SAMPLE_LAG_S = 60.0
 
 
 class Threshold(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)     # built when a table is read, not at import
 
     metric: str = Field(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
     kind: Literal["increase", "above", "changed"]
@@ -73,12 +74,15 @@ class Threshold(BaseModel):
     why: str = ""
 
 
-THRESHOLDS_ADAPTER = TypeAdapter(list[Threshold])
+THRESHOLDS_ADAPTER = TypeAdapter(list[Threshold], config=ConfigDict(defer_build=True))
 
 
 def load_thresholds(path: str | Path | None = None) -> list[Threshold]:
-    text = Path(path).read_text() if path else DEFAULT_THRESHOLDS_YAML
-    return THRESHOLDS_ADAPTER.validate_python(yaml.safe_load(text))
+    if path is None:            # the built-in table: no YAML to parse at start-up
+        return THRESHOLDS_ADAPTER.validate_python(list(DEFAULT_THRESHOLDS))
+    import yaml
+
+    return THRESHOLDS_ADAPTER.validate_python(yaml.safe_load(Path(path).read_text()))
 
 
 @lru_cache(maxsize=1)

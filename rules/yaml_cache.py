@@ -20,15 +20,21 @@ from typing import Any
 _MAGIC = b"ffyaml1\n"
 
 
-def cache_dir(env: os._Environ | dict | None = None) -> Path | None:
+def cache_root(env: os._Environ | dict | None = None) -> Path | None:
+    """firstfault's cache directory (this module's and rules/catalog_cache.py's), or None when off."""
     env = os.environ if env is None else env
     chosen = env.get("FIRSTFAULT_CACHE_DIR", "")
     if chosen.lower() == "off":
         return None
     if chosen:
-        return Path(chosen) / "yaml"
+        return Path(chosen)
     base = env.get("XDG_CACHE_HOME", "") or str(Path.home() / ".cache")
-    return Path(base) / "firstfault" / "yaml"
+    return Path(base) / "firstfault"
+
+
+def cache_dir(env: os._Environ | dict | None = None) -> Path | None:
+    root = cache_root(env)
+    return None if root is None else root / "yaml"
 
 
 def load(text: bytes, parse: Callable[[str], Any], where: Path | None = None) -> Any:

@@ -21,7 +21,7 @@ StampQuality = Literal[
 class Ref(BaseModel):
     """A raw-line reference: bundle-relative path and 1-based line number."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     path: str
     line: int = Field(ge=1)
@@ -31,7 +31,7 @@ class Ref(BaseModel):
 
 
 class GpuRef(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     pci: str | None = Field(default=None, description="normalized PCI bus id dddd:bb:dd.f")
     index: int | None = Field(default=None, description="GPU index where a mapping exists")
@@ -47,7 +47,7 @@ class Event(BaseModel):
     commutative, so batching and arrival order never change the result.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     kind: str
     pattern: str = Field(description="id of the extraction pattern that produced it")
@@ -74,7 +74,7 @@ class EventBatch(BaseModel):
     batches with the same order-free merge as the offline path.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     workload_id: str
     attempt: int = 0

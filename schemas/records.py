@@ -48,7 +48,7 @@ class RawLine(BaseModel):
     produce identical evidence references.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     host: str | None = Field(default=None, description="host that produced the line, if known")
     path: str = Field(min_length=1, description="bundle-relative path, e.g. logs/syslog/node-02.log")
@@ -78,7 +78,7 @@ class RawLine(BaseModel):
 class SchedulerEvent(BaseModel):
     """A scheduler connector's view of a workload attempt starting or ending."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     type: Literal["start", "end"]
     workload: WorkloadRecord
@@ -92,7 +92,7 @@ class DeadLetter(BaseModel):
     size and its SHA-256, so the dead letter itself always fits the producer's limit.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     reason: str
     stage: str = Field(description="which worker refused it: extractor | correlator | ...")
@@ -134,7 +134,7 @@ class Progress(BaseModel):
     tell it has merged them.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     topic: str
     partition: int = Field(ge=0)

@@ -4,7 +4,7 @@ import threading
 import pytest
 
 from firstfault.rules.catalog import load_catalog
-from firstfault.rules.extract import _compiled
+from firstfault.rules.prefilter import anchor_index
 from firstfault.rules.prefilter import Prefilter
 
 from conftest import sample_dirs
@@ -16,7 +16,7 @@ def _corpus() -> bytes:
 
 
 def test_fallback_finds_the_same_candidate_lines_and_anchors():
-    pre, _ = _compiled(load_catalog())
+    pre, _ = anchor_index(load_catalog())
     fallback = Prefilter(pre.anchors, force_fallback=True)
     data = _corpus()
     fast = pre.scan(data)
@@ -26,7 +26,7 @@ def test_fallback_finds_the_same_candidate_lines_and_anchors():
 
 
 def test_one_prefilter_serves_many_threads():
-    pre, _ = _compiled(load_catalog())
+    pre, _ = anchor_index(load_catalog())
     if pre.engine != "hyperscan":
         pytest.skip("the Hyperscan binding is not installed: the RE2 fallback has no per-thread scratch space to share")
     data = _corpus()

@@ -164,8 +164,8 @@ def test_absurd_rank_prefix_is_not_a_rank_and_events_encode():
 # ---------------------------------------------------------------- prefilter and windows
 def test_prefilter_engines_agree_on_hostile_chunks():
     catalog = load_catalog()
-    from firstfault.rules.extract import _compiled
-    pre, _ = _compiled(catalog)
+    from firstfault.rules.prefilter import anchor_index
+    pre, _ = anchor_index(catalog)
     fallback = Prefilter(pre.anchors, force_fallback=True)
     chunk = (b"Error: " * 5000 + b"\nNCCL WARN x\n" + b"\n" * 3 + b"Xid (PCI:0000:1b:00): 79, pid=1\n"
              + b"CUDA error: " * 100 + b"no newline at the end")
@@ -205,9 +205,9 @@ def test_witness_text_is_stable():
 
 
 def test_a_flood_of_anchor_hits_halts_the_scan_in_both_engines():
-    from firstfault.rules.extract import _compiled
+    from firstfault.rules.prefilter import anchor_index
     from firstfault.rules.prefilter import TooManyHits
-    pre, _ = _compiled(load_catalog())
+    pre, _ = anchor_index(load_catalog())
     chunk = b"Error: " * 20_000 + b"\n"
     for engine in (pre, Prefilter(pre.anchors, force_fallback=True)):
         with pytest.raises(TooManyHits):

@@ -27,8 +27,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .. import yaml_cache
 
 DATA_DIR = Path(__file__).parent.parent / "catalog" / "data"
@@ -186,6 +184,8 @@ def _field(raw: dict[str, Any]) -> tuple[int, int]:
 @cache
 def load_table(path: str | None = None) -> _Table:
     """Read ``nvlink5.yaml`` once (per path)."""
+    import yaml         # at the first NVLink5 line, not at start-up
+
     doc = yaml_cache.load(Path(path or DATA_DIR / "nvlink5.yaml").read_bytes(),
                           lambda text: yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     lay = doc["layout"]

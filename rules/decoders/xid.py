@@ -24,8 +24,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .. import yaml_cache
 
 from . import Tag, decoder
@@ -61,6 +59,8 @@ class _XidTable:
 @cache
 def load_xid_table(path: str | None = None) -> _XidTable:
     """Read ``xid.yaml`` once (per path)."""
+    import yaml         # at the first Xid line, not at start-up
+
     doc = yaml_cache.load(Path(path or DATA_DIR / "xid.yaml").read_bytes(),
                           lambda text: yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
     regs = doc.get("xid74_registers") or {}
