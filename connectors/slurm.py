@@ -627,10 +627,39 @@ class SlurmConnector:
 
 # ---------------------------------------------------------------- command line
 
+def slurm_parser(module: str, description: str, commands: str) -> argparse.ArgumentParser:
+    """Options every Slurm worker shares: the broker, the part of the site its ``commands`` see, the metrics port."""
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    p.add_argument("--kafka-bootstrap", default=env("FIRSTFAULT_KAFKA_BOOTSTRAP"))
+    p.add_argument("--clusters", default=env("FIRSTFAULT_SLURM_CLUSTERS"),
+                   help=f"{commands} --clusters (FIRSTFAULT_SLURM_CLUSTERS)")
+    p.add_argument("--partition", default=env("FIRSTFAULT_SLURM_PARTITION"),
+                   help=f"{commands} --partition (FIRSTFAULT_SLURM_PARTITION)")
+    p.add_argument("--metrics-port", type=int, default=int(env("FIRSTFAULT_METRICS_PORT", str(METRICS_PORT))))
+    return p
+
+
+def slurm_start(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str,
+                command: str) -> tuple[argparse.Namespace, list[str]] | None:
+    """The start of a Slurm worker's ``main``: its arguments, logging, and the ``--clusters``/``--partition``
+    arguments for its Slurm commands; None (having said why) when ``command`` is not on PATH."""
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not shutil.which(command):
+        print(f"firstfault {name}: {command} is not on PATH", file=sys.stderr)
+        return None
+    extra: list[str] = []
+    if args.clusters:
+        extra += ["--clusters", args.clusters]
+    if args.partition:
+        extra += ["--partition", args.partition]
+    return args, extra
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m firstfault.connectors.slurm", description=__doc__.split("\n")[0])
-    p.add_argument("--kafka-bootstrap", default=env("FIRSTFAULT_KAFKA_BOOTSTRAP"))
+    p = slurm_parser("firstfault.connectors.slurm", __doc__.split("\n")[0], "sacct/squeue")
     p.add_argument("--state", default=env("FIRSTFAULT_SLURM_STATE", "firstfault-slurm-state.json"),
                    help="position file (FIRSTFAULT_SLURM_STATE)")
     p.add_argument("--interval", type=float, default=float(env("FIRSTFAULT_SLURM_INTERVAL_S", "30")),
@@ -639,29 +668,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-read this much before the watermark: slurmdbd lag (FIRSTFAULT_SLURM_OVERLAP_S)")
     p.add_argument("--lookback", type=float, default=float(env("FIRSTFAULT_SLURM_LOOKBACK_S", "86400")),
                    help="first run: how far back to start (FIRSTFAULT_SLURM_LOOKBACK_S)")
-    p.add_argument("--clusters", default=env("FIRSTFAULT_SLURM_CLUSTERS"), help="sacct/squeue --clusters")
-    p.add_argument("--partition", default=env("FIRSTFAULT_SLURM_PARTITION"), help="sacct/squeue --partition")
     p.add_argument("--no-squeue", action="store_true", help="sacct only (no slurmctld access)")
     p.add_argument("--retention", type=float, default=float(env("FIRSTFAULT_SLURM_RETENTION_S", str(7 * 86400))),
                    help="how long finished attempts stay in the state file (FIRSTFAULT_SLURM_RETENTION_S)")
     p.add_argument("--once", action="store_true", help="one poll, then exit")
     p.add_argument("--dry-run", action="store_true",
                    help="one poll from --lookback, print the events as JSON lines; publish and save nothing")
-    p.add_argument("--metrics-port", type=int, default=int(env("FIRSTFAULT_METRICS_PORT", str(METRICS_PORT))))
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not shutil.which("sacct"):
-        print("firstfault slurm: sacct is not on PATH", file=sys.stderr)
+    started = slurm_start(build_parser(), argv, "slurm", "sacct")
+    if started is None:
         return 2
-    extra: list[str] = []
-    if args.clusters:
-        extra += ["--clusters", args.clusters]
-    if args.partition:
-        extra += ["--partition", args.partition]
+    args, extra = started
     # /healthz: a poll runs up to three Slurm commands (120 s each) and a publish, every --interval.
     metrics = ConnectorMetrics("slurm", stale_after_s=args.interval + 600.0)
     if args.dry_run:

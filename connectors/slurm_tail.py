@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -50,9 +49,8 @@ from firstfault.schemas import RawLine
 from firstfault.schemas.avro import encode
 from firstfault.streams.config import StreamConfig
 
-from .metrics_names import METRICS_PORT
 from .publish import ConnectorMetrics
-from .slurm import NOT_ENDED, base_state
+from .slurm import NOT_ENDED, base_state, slurm_parser, slurm_start
 
 log = logging.getLogger("firstfault.connectors.slurm_tail")
 
@@ -294,8 +292,7 @@ def run(tailer: OutputTailer, interval_s: float, read_every_s: float = 0.5, metr
 
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m firstfault.connectors.slurm_tail", description=__doc__.split("\n")[0])
-    p.add_argument("--kafka-bootstrap", default=env("FIRSTFAULT_KAFKA_BOOTSTRAP"))
+    p = slurm_parser("firstfault.connectors.slurm_tail", __doc__.split("\n")[0], "squeue")
     p.add_argument("--output", default=env("FIRSTFAULT_SLURM_OUTPUT") or None,
                    help="the jobs' output file pattern, e.g. '/scratch/%%u/%%x-%%j.out' (FIRSTFAULT_SLURM_OUTPUT); "
                         "default: each job's StdOut")
@@ -303,27 +300,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between two squeue calls (FIRSTFAULT_SLURM_TAIL_INTERVAL_S)")
     p.add_argument("--linger", type=float, default=float(env("FIRSTFAULT_SLURM_TAIL_LINGER_S", "30")),
                    help="seconds a file is still read after its job ended (FIRSTFAULT_SLURM_TAIL_LINGER_S)")
-    p.add_argument("--clusters", default=env("FIRSTFAULT_SLURM_CLUSTERS"), help="squeue --clusters")
-    p.add_argument("--partition", default=env("FIRSTFAULT_SLURM_PARTITION"), help="squeue --partition")
-    p.add_argument("--metrics-port", type=int, default=int(env("FIRSTFAULT_METRICS_PORT", str(METRICS_PORT))))
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not shutil.which("squeue"):
-        print("firstfault slurm-tail: squeue is not on PATH", file=sys.stderr)
+    started = slurm_start(build_parser(), argv, "slurm-tail", "squeue")
+    if started is None:
         return 2
+    args, extra = started
     cfg = StreamConfig.from_env(bootstrap=args.kafka_bootstrap)
     if not cfg.bootstrap:
         print("firstfault slurm-tail: set FIRSTFAULT_KAFKA_BOOTSTRAP or --kafka-bootstrap", file=sys.stderr)
         return 2
-    extra: list[str] = []
-    if args.clusters:
-        extra += ["--clusters", args.clusters]
-    if args.partition:
-        extra += ["--partition", args.partition]
     metrics = ConnectorMetrics("slurm-tail", stale_after_s=args.interval + 600.0)
     metrics.serve(args.metrics_port)
     try:

@@ -1,6 +1,7 @@
 """docker-compose.yml and ops/Dockerfile, checked for structure (no Docker engine here)."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from firstfault.streams.config import StreamConfig
 ROOT = Path(__file__).resolve().parents[1]
 FIRSTFAULT_SERVICES = ("extractor-1", "extractor-2", "correlator-1", "correlator-2", "service")
 # profile `connectors`: module each runs
-CONNECTOR_SERVICES = {"slurm-connector": "firstfault.connectors.slurm", "alerts": "firstfault.connectors.sinks.alerts",
+CONNECTOR_SERVICES = {"slurm-connector": "firstfault.connectors.slurm",
+                      "slurm-tail": "firstfault.connectors.slurm_tail",
+                      "alerts": "firstfault.connectors.sinks.alerts",
                       "recovery": "firstfault.connectors.sinks.recovery"}
 
 
@@ -176,6 +179,62 @@ def test_recovery_is_a_dry_run_with_a_kept_audit_log(compose):
     slurm = compose["services"]["slurm-connector"]
     state_volume = next(v for v in slurm["volumes"] if v.split(":")[0] in compose["volumes"])
     assert slurm["environment"]["FIRSTFAULT_SLURM_STATE"].startswith(state_volume.split(":")[1] + "/")
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's ``${VAR:-default}``: the variable when set and not empty, else the default."""
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: env.get(m.group(1)) or (m.group(2) or ""), text)
+
+
+class _Reads(dict):
+    """An environment that remembers which names were asked for."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("name", ["slurm-connector", "slurm-tail"])
+def test_slurm_services_set_only_what_their_module_reads(compose, name, monkeypatch):
+    """What `up --slurm` runs, in compose: every variable set is one the module (its flags' defaults,
+    the stream config) reads, so a misspelt or stale one fails here rather than being ignored."""
+    import importlib
+
+    svc = compose["services"][name]
+    module = importlib.import_module(CONNECTOR_SERVICES[name])
+    env = _Reads({k: str(v) for k, v in svc["environment"].items()})
+    monkeypatch.setattr(os, "environ", env)
+    args = module.build_parser().parse_args([])
+    StreamConfig.from_env(env)
+    assert set(svc["environment"]) <= env.read, set(svc["environment"]) - env.read
+    assert args.metrics_port == int(svc["environment"]["FIRSTFAULT_METRICS_PORT"])
+    # the same Slurm client image for both: each runs Slurm commands against the site's controller
+    assert svc["image"] == "${FIRSTFAULT_SLURM_IMAGE:-firstfault:local}"
+
+
+def test_slurm_tail_reads_the_jobs_files_where_squeue_says_they_are(compose, monkeypatch):
+    svc = compose["services"]["slurm-tail"]
+    env = svc["environment"]
+    # the jobs' file system, read-only, at the same path inside as on the host (squeue's StdOut paths)
+    [mount] = svc["volumes"]
+    for site in ({}, {"FIRSTFAULT_SLURM_JOBS_DIR": "/scratch"}):
+        source, target, mode = _interpolate(mount, site).split(":")
+        assert source == target == site.get("FIRSTFAULT_SLURM_JOBS_DIR", "/home") and mode == "ro", mount
+    # empty pattern: each job's own StdOut
+    monkeypatch.setattr(os, "environ", {"FIRSTFAULT_SLURM_OUTPUT": ""})
+    from firstfault.connectors import slurm_tail
+
+    assert env["FIRSTFAULT_SLURM_OUTPUT"] == "${FIRSTFAULT_SLURM_OUTPUT:-}"
+    assert slurm_tail.build_parser().parse_args([]).output is None
+    assert float(env["FIRSTFAULT_SLURM_TAIL_LINGER_S"]) > 0 and float(env["FIRSTFAULT_SLURM_TAIL_INTERVAL_S"]) > 0
 
 
 def test_alerts_config_is_mounted_valid_and_its_url_is_set(compose):

@@ -235,6 +235,25 @@ def test_command_line_dry_run_prints_events(standin, capsys):
         ("end", "slurm-4471841", 0), ("start", "slurm-4471823", 1)}
 
 
+@pytest.mark.parametrize("module,name,command", [("slurm", "slurm", "sacct"), ("slurm_tail", "slurm-tail", "squeue")])
+def test_both_slurm_workers_start_alike(module, name, command, monkeypatch, capsys):
+    """The connector and the output tailer share their start (slurm.slurm_start): the same selection
+    of the site for their Slurm commands, from the environment or flags, and the same refusal."""
+    import importlib
+
+    mod = importlib.import_module(f"firstfault.connectors.{module}")
+    monkeypatch.setenv("FIRSTFAULT_SLURM_CLUSTERS", "alpha,beta")
+    monkeypatch.delenv("FIRSTFAULT_SLURM_PARTITION", raising=False)
+    monkeypatch.setenv("PATH", str(FIX / "bin"))              # holds a sacct and a squeue
+    args, extra = slurm.slurm_start(mod.build_parser(), [], name, command)
+    assert extra == ["--clusters", "alpha,beta"] and args.metrics_port == slurm.METRICS_PORT
+    _, extra = slurm.slurm_start(mod.build_parser(), ["--partition", "gpu", "--clusters", "c"], name, command)
+    assert extra == ["--clusters", "c", "--partition", "gpu"]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert mod.main([]) == 2
+    assert capsys.readouterr().err == f"firstfault {name}: {command} is not on PATH\n"
+
+
 # ---------------------------------------------------------------- Slurm 22.05, as its real commands print
 
 def test_slurm_22_05_output_with_exit_codes_from_the_text_form():

@@ -139,7 +139,9 @@ def test_execute_runs_scontrol(tmp_path, diag, monkeypatch):
     d = diag["worked-example"]
     rec = sink.handle(d)
     assert rec.decision == "acted" and out.getvalue() == ""
-    argv = json.loads((tmp_path / "scontrol.log").read_text())
+    # first the node's state (an already drained node is left alone), then the drain
+    asked, argv = [json.loads(x) for x in (tmp_path / "scontrol.log").read_text().splitlines()]
+    assert asked == ["scontrol", "-o", "show", "node", "node-02"]
     assert argv == ["scontrol", "update", "NodeName=node-02", "State=DRAIN",
                     f"Reason=firstfault: nvlink_signal_integrity {d.diagnosis_id}"]
     monkeypatch.setenv("SLURM_STANDIN_FAIL", "1")

@@ -23,7 +23,11 @@ Actions: Slurm ``scontrol update NodeName=<node> State=DRAIN Reason="firstfault:
    node name is refused with no command;
 4. never more than ``max_fleet_fraction`` of ``fleet_size`` nodes drained by
    firstfault within ``fraction_window_s`` (it cannot see an operator resume a node);
-5. each diagnosis once, each node once per ``fraction_window_s``.
+5. each diagnosis once, each node once per ``fraction_window_s``;
+6. (Slurm) a node slurmctld already has drained, down or failed is left alone, its reason
+   kept (``slurm_nodes.py``; asked with ``scontrol show node`` once the other guards passed,
+   in a dry run too). A node Slurm does not know reaches ``scontrol update``, which fails:
+   the audit says ``failed`` with scontrol's message.
 
 With a Redis (``--redis-url``): before deciding, an attempt that fails like its stored
 previous attempt escalates (``rules/attempts.py``: retry -> retry_excluding_nodes ->
@@ -68,6 +72,7 @@ from ..hostlist import HostlistError, expand
 from .fleet_memory import FleetMemory
 from .node_health import NodeHealthStore
 from .redis_store import DiagnosisStore
+from .slurm_nodes import node_states
 
 log = logging.getLogger("firstfault.recovery")
 
@@ -324,6 +329,17 @@ class RecoverySink:
         if drained > self.cfg.max_fleet_fraction * self.cfg.fleet_size:
             return refuse(f"fleet fraction: {drained} of {self.cfg.fleet_size} nodes would exceed "
                           f"{self.cfg.max_fleet_fraction:.1%}", nodes, drained=drained)
+        if self.cfg.scheduler == "slurm":
+            # Asked only now, when the guards passed: a few nodes, one query. A drain would
+            # overwrite the reason an operator (or slurmctld) gave for taking a node out.
+            states = node_states(nodes, self.cfg.scontrol, self.runner, self.cfg.timeout_s)
+            out = {n: states[n].audit() for n in nodes if n in states and states[n].out_of_service}
+            if out:
+                fleet = {**fleet, "out_of_service": out}
+                nodes = [n for n in nodes if n not in out]
+                if not nodes:
+                    return refuse("every node is already drained or down in Slurm: its reason is kept",
+                                  sorted(out), **fleet)
         commands = [command_for(self.cfg, n, d) for n in nodes]
         rendered = [render(c) for c in commands]
         if not self.cfg.execute:
