@@ -174,16 +174,35 @@ def archive_kind(p: Path) -> str | None:
     return "zip" if name.endswith(".zip") else None
 
 
-def read_workload(path: Path) -> WorkloadRecord:
-    """workload.json from disk, refused before reading when it is implausibly big."""
+def read_workload_bytes(path: Path) -> bytes:
+    """workload.json's bytes: a regular file of its bundle (a link may point within the bundle, not
+    out of it), refused before reading when it is implausibly big."""
     try:
-        size = path.stat().st_size
-        if size > MAX_WORKLOAD_BYTES:
-            raise BundleError(f"{path}: {size} bytes, more than a workload record can be "
-                              f"({MAX_WORKLOAD_BYTES} bytes)")
-        return parse_workload(path.read_bytes())
+        if path.is_symlink():
+            root, target = path.parent.resolve(strict=True), path.resolve(strict=True)
+            if not target.is_relative_to(root):
+                raise BundleError(f"{path}: a link to {target}, outside the bundle: copy the record into the bundle")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))   # a FIFO must not block
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise BundleError(f"{path}: not a regular file")
+            if st.st_size > MAX_WORKLOAD_BYTES:
+                raise BundleError(f"{path}: {st.st_size} bytes, more than a workload record can be "
+                                  f"({MAX_WORKLOAD_BYTES} bytes)")
+            data = f.read(MAX_WORKLOAD_BYTES + 1)
+        if len(data) > MAX_WORKLOAD_BYTES:
+            raise BundleError(f"{path}: more than a workload record can be ({MAX_WORKLOAD_BYTES} bytes)")
+        return data
     except OSError as exc:
         raise BundleError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except RuntimeError:                    # a loop of links
+        raise BundleError(f"{path}: a loop of links") from None
+
+
+def read_workload(path: Path) -> WorkloadRecord:
+    """workload.json from disk (see ``read_workload_bytes``)."""
+    return parse_workload(read_workload_bytes(path))
 
 
 def walk_files(root: Path, limit: int | None = None) -> list[Path]:
@@ -382,9 +401,18 @@ def _source(data: bytes | str | Path) -> IO[bytes] | str | Path:
     return io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
 
 
+def _once(name: str, seen: set[str], origin: str) -> None:
+    """A record or evidence member named twice (``./workload.json`` is ``workload.json``) is an error:
+    which one the archive means is not ours to guess (a zip reader would take the last)."""
+    if name in seen and _wanted(name):
+        raise BundleError(f"{origin}: archive member {name!r} appears twice: keep one")
+    seen.add(name)
+
+
 def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, spool: _Spool) -> list[str]:
     """Check every member and spool the wanted ones; returns the names of the regular files."""
     names: list[str] = []
+    seen: set[str] = set()
     try:
         if kind == "zip":
             with zipfile.ZipFile(_source(data)) as zf:
@@ -399,6 +427,7 @@ def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, 
                     if (info.external_attr >> 16) & 0o170000 == 0o120000:
                         raise BundleError(f"archive member {name!r} is a link")
                     spool.declare(name, info.file_size)
+                    _once(name, seen, origin)
                     names.append(name)
                     if not _wanted(name):
                         spool.skip(info.file_size)
@@ -422,6 +451,7 @@ def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, 
                     if info.issym() or info.islnk() or not info.isfile():
                         raise BundleError(f"archive member {name!r} is a link or a special file")
                     spool.declare(name, info.size)
+                    _once(name, seen, origin)
                     names.append(name)
                     if not _wanted(name):
                         spool.skip(info.size)         # tarfile seeks past it (decompressing, not keeping)

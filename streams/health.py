@@ -38,6 +38,7 @@ log = logging.getLogger("firstfault.health")
 METRICS_PATH, LIVE_PATH, READY_PATH = "/metrics", "/healthz", "/readyz"
 PATHS = (METRICS_PATH, LIVE_PATH, READY_PATH)
 PORT_VARIABLE = "FIRSTFAULT_METRICS_PORT"
+HOST_VARIABLE = "FIRSTFAULT_METRICS_HOST"       # the address they bind: 0.0.0.0 unless set (`up`: 127.0.0.1)
 
 
 def port_from_env(env: Mapping[str, str] | None = None) -> tuple[int, bool]:
@@ -110,8 +111,9 @@ class Health:
 
     # ------------------------------------------------------------ the server
 
-    def serve(self, port: int, addr: str = "0.0.0.0", required: bool = True) -> int | None:
-        """Serve on ``port`` (0: do not); returns the port or None.
+    def serve(self, port: int, addr: str | None = None, required: bool = True) -> int | None:
+        """Serve on ``port`` (0: do not) at ``addr`` (default FIRSTFAULT_METRICS_HOST, else 0.0.0.0 so
+        that a container's probes reach it; ``up`` sets 127.0.0.1 for its workers); returns the port or None.
 
         A port that cannot be bound raises when ``required`` (the operator asked for
         it), else is logged and skipped (the default port, taken by another process
@@ -119,6 +121,7 @@ class Health:
         """
         if not port:
             return None
+        addr = addr or os.environ.get(HOST_VARIABLE, "").strip() or "0.0.0.0"
         try:
             return self.start(port, addr)
         except OSError as exc:

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -219,11 +220,37 @@ def register(subparsers) -> None:
 
 # ---------------------------------------------------------------- the worker
 
-def follow(cfg: StreamConfig, store: NodeHealthStore, stop: threading.Event,
-           group: str = "firstfault-node-health") -> None:
-    """Record every diagnosis of the topic and publish the nodes it touched, until ``stop``."""
-    from . import kafka
+STORE_RETRY_FIRST_S = 1.0       # Redis down: the first retry of a batch after this long ...
+STORE_RETRY_MAX_S = 30.0        # ... doubling up to this
+
+
+def _record_batch(store: NodeHealthStore, msgs: list) -> set[str]:
+    """Record a batch's diagnoses; the hosts they touched. Idempotent: a retried batch records the same."""
     from .follow import decode_diagnosis, iso_ms
+
+    touched: set[str] = set()
+    for m in msgs:
+        if m.error() is not None:
+            continue
+        d = decode_diagnosis(m.value())
+        if d is None:
+            continue
+        ts_type, ts = m.timestamp()
+        touched.update(e.host for e in store.record(d, fallback_at=iso_ms(ts) if ts_type and ts else None))
+    return touched
+
+
+def follow(cfg: StreamConfig, store: NodeHealthStore, stop: threading.Event,
+           group: str = "firstfault-node-health", retry_first_s: float = STORE_RETRY_FIRST_S,
+           retry_max_s: float = STORE_RETRY_MAX_S) -> None:
+    """Record every diagnosis of the topic and publish the nodes it touched, until ``stop``.
+
+    While Redis is down the worker keeps its batch (nothing is committed) and retries it with
+    backoff, saying so in one log line per attempt and once when Redis is back: it does not
+    exit, so ``up`` has nothing to restart and no traceback to show."""
+    from firstfault.connectors.sinks.redis_store import StoreUnavailable
+
+    from . import kafka
 
     ensure_node_health_topic(cfg)
     consumer = kafka.consumer(cfg, group)
@@ -232,17 +259,24 @@ def follow(cfg: StreamConfig, store: NodeHealthStore, stop: threading.Event,
     try:
         while not stop.is_set():
             msgs = consumer.consume(num_messages=200, timeout=0.5) or []
-            touched: set[str] = set()
-            for m in msgs:
-                if m.error() is not None:
-                    continue
-                d = decode_diagnosis(m.value())
-                if d is None:
-                    continue
-                ts_type, ts = m.timestamp()
-                touched.update(e.host for e in store.record(d, fallback_at=iso_ms(ts) if ts_type and ts else None))
-            if touched:
-                publish(producer, cfg, store, touched)
+            delay, down_since = retry_first_s, None
+            while True:
+                try:
+                    touched = _record_batch(store, msgs)
+                    if touched:
+                        publish(producer, cfg, store, touched)
+                    break
+                except StoreUnavailable as exc:
+                    if down_since is None:
+                        down_since = time.monotonic()
+                    log.warning("node-health: the record's store is unavailable (%s); %d diagnoses wait, "
+                                "retrying in %.0fs", " ".join(str(exc).split())[:200], len(msgs), delay)
+                    if stop.wait(delay):
+                        return
+                    delay = min(retry_max_s, delay * 2)
+            if down_since is not None:
+                log.warning("node-health: the store is back after %.0fs; recorded the waiting diagnoses",
+                            time.monotonic() - down_since)
             if msgs:
                 consumer.commit(asynchronous=False)
     finally:

@@ -96,10 +96,17 @@ def overlay_files(path: str | Path) -> dict[str, str]:
     """Every YAML file of an overlay directory, by its path relative to it."""
     from firstfault.rules.errors import CatalogError
 
+    from firstfault.rules.catalog import check_rule_file
+
     root = Path(path)
     if not root.is_dir():
         raise CatalogError(str(root), None, "rules directory does not exist")
-    return {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8") for p in sorted(root.rglob("*.yaml"))}
+    out = {}
+    for p in sorted(root.rglob("*.yaml")):
+        rel = p.relative_to(root).as_posix()
+        check_rule_file(p, rel)             # regular files only, size capped: a FIFO or /dev/zero is refused
+        out[rel] = p.read_text(encoding="utf-8")
+    return out
 
 
 def gate(path: str | Path) -> list[str]:

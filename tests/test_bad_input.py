@@ -293,3 +293,69 @@ def test_an_archive_that_is_not_one_is_one_line_naming_what_is_wrong(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     # tarfile's reason per compression it tried (five lines) is the one the name says: gzip's.
     assert "job.tar.gz: not a readable tar archive (truncated header)" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- issue 22, item 7: which workload.json
+
+def _two_records(kind: str, path, first: dict, second: dict, names=("workload.json", "workload.json")) -> None:
+    import warnings
+
+    buf = io.BytesIO()
+    if kind == "zip":
+        with warnings.catch_warnings(), zipfile.ZipFile(buf, "w") as zf:
+            warnings.simplefilter("ignore")                   # zipfile warns of the duplicate name, and writes it
+            zf.writestr(names[0], json.dumps(first))
+            zf.writestr(names[1], json.dumps(second))
+            zf.writestr("logs/app/node-01.log", "0: hello\n")
+    else:
+        with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+            for name, data in ((names[0], json.dumps(first).encode()), (names[1], json.dumps(second).encode()),
+                               ("logs/app/node-01.log", b"0: hello\n")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+
+
+@pytest.mark.parametrize("kind, suffix", [("zip", ".zip"), ("tar", ".tar.gz")])
+@pytest.mark.parametrize("names", [("workload.json", "workload.json"), ("workload.json", "./workload.json")],
+                         ids=["same", "dot-slash"])
+def test_an_archive_with_two_workload_records_is_refused_not_second_wins(tmp_path, kind, suffix, names):
+    path = tmp_path / f"bundle{suffix}"
+    _two_records(kind, path, BASE_WORKLOAD, {**BASE_WORKLOAD, "workload_id": "the-second-one"}, names)
+    r = run("analyze", path, "--json")
+    assert r.returncode == 2, r.stdout[:300]
+    assert "'workload.json' appears twice" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_workload_json_linked_to_a_file_outside_the_bundle_is_refused(tmp_path):
+    outside = tmp_path / "elsewhere" / "secret.json"
+    outside.parent.mkdir()
+    outside.write_text(json.dumps({**BASE_WORKLOAD, "workload_id": "read-from-outside"}))
+    root = tmp_path / "bundle"
+    (root / "logs" / "app").mkdir(parents=True)
+    (root / "logs" / "app" / "node-01.log").write_text("0: hello\n")
+    (root / "workload.json").symlink_to(outside)
+    r = run("analyze", root, "--json")
+    assert r.returncode == 2 and "outside the bundle" in r.stderr and r.stderr.count("\n") == 1, (r.stdout, r.stderr)
+    assert "read-from-outside" not in r.stdout
+    # A link within the bundle is the bundle's own record.
+    (root / "records").mkdir()
+    (root / "records" / "w.json").write_text(json.dumps(BASE_WORKLOAD))
+    (root / "workload.json").unlink()
+    (root / "workload.json").symlink_to("records/w.json")
+    r = run("analyze", root, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["workload_id"] == BASE_WORKLOAD["workload_id"]
+
+
+def test_a_partial_workload_json_linked_outside_is_not_read_either(tmp_path):
+    outside = tmp_path / "partial.json"
+    outside.write_text(json.dumps({"workload_id": "read-from-outside"}))      # partial: keys kept, rest inferred
+    root = tmp_path / "logs-folder"
+    root.mkdir()
+    (root / "node-01.log").write_text("Nov  2 10:03:11 node-01 kernel: hello\n")
+    (root / "workload.json").symlink_to(outside)
+    r = run("analyze", root, "--json")
+    assert "read-from-outside" not in r.stdout
+    assert r.returncode == 2 and "outside the bundle" in r.stderr, (r.stdout[:300], r.stderr)

@@ -4,10 +4,12 @@ event of its kinds carries (it would print '?'). Each check: a rule that fails i
 the built-in catalog that passes it."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from firstfault.rules import diagnose, telemetry
@@ -267,3 +269,31 @@ def test_rules_test_fails_a_shown_sentence_that_prints_a_question_mark(tmp_path)
     assert done.returncode == 1
     assert ("FAIL early.test.xid (early/mine.yaml): fires example 1: next_step prints '?' for dimmm on this line "
             "(put it in a [[segment]], which is left out when a field it names is unknown)") in done.stdout, done.stdout
+
+
+def _limited() -> None:            # in the child: at most 2 GiB, so the old way ends in MemoryError, not in swap
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda f: f.symlink_to("/dev/zero"), "is a device, not a regular file"),
+    (lambda f: os.mkfifo(f), "is a FIFO, not a regular file"),
+    (lambda f: f.write_bytes(b"") or os.truncate(f, 17 * 1024 * 1024), "more than a rules file may be"),
+], ids=["dev-zero-link", "fifo", "17-MiB"])
+@pytest.mark.parametrize("command", [["rules", "lint", "--rules"], ["rules", "test", "--rules"],
+                                     ["rules", "publish"]], ids=["lint", "test", "publish"])
+def test_an_overlay_yaml_that_is_not_a_small_regular_file_is_one_line_and_exit_2(tmp_path, make, words, command):
+    """Issue 22, item 7: a `*.yaml` linked to /dev/zero took `rules lint` to 3.7 GB; a FIFO hung lint and publish."""
+    overlay = tmp_path / "rules"
+    overlay.mkdir()
+    make(overlay / "bad.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
+    env["FIRSTFAULT_KAFKA_BOOTSTRAP"] = "127.0.0.1:9"        # publish must refuse before it looks for a broker
+    done = subprocess.run([sys.executable, "-m", "firstfault", *command, str(overlay)], capture_output=True, text=True,
+                          timeout=120, env=env, preexec_fn=_limited)
+    assert done.returncode == 2, done.stderr[-500:]
+    assert done.stderr.strip() == f"firstfault: rule catalog error: bad.yaml: {words}" or (
+        words in done.stderr and len(done.stderr.strip().splitlines()) == 1), done.stderr[-500:]
+    assert "Traceback" not in done.stderr

@@ -147,3 +147,69 @@ def test_the_correlator_escalates_an_attempt_that_fails_like_the_one_before(kafk
     assert second.sub_domain == first.sub_domain == "gpu_fell_off_bus"
     assert second.recovery.reason.startswith("repeats attempt 0"), second.recovery.reason
     assert second.recovery.action == "drain_nodes" and "attempt 0" in second.summary
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_worker_waits_out_a_redis_outage_in_one_line_a_try_and_catches_up(stream_cfg, tmp_path, caplog):
+    """Issue 22, item 7: with Redis down the worker raised, exited with a traceback and `up` restarted it
+    (3 restarts in 34 s). Now it keeps the batch, says so in one line per retry, and records it once Redis
+    answers."""
+    import logging
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("no redis-server binary to bring Redis up mid-test")
+    port = _free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    cfg = stream_cfg.model_copy(update={"redis_url": url, "redis_prefix": "nh:"})
+    kafka.ensure_topics(cfg, [cfg.topic("diagnoses")])
+    store = NodeHealthStore(url, "nh:")
+    stop = threading.Event()
+    caplog.set_level(logging.WARNING, logger="firstfault.node_health")
+    crashed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            follow(cfg, store, stop, f"{cfg.prefix}node-health", retry_first_s=0.05, retry_max_s=0.2)
+        except BaseException as exc:        # the old worker died here
+            crashed.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    server = None
+    try:
+        _publish(cfg, [diagnose(ib_bundle(tmp_path, "job-down", "node-05", T0))])
+        deadline = time.monotonic() + 60
+
+        def retries() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+
+        while time.monotonic() < deadline and len(retries()) < 3 and not crashed:
+            time.sleep(0.05)
+        assert not crashed, repr(crashed)
+        assert len(retries()) >= 3 and worker.is_alive()
+        assert all("\n" not in m and "store is unavailable" in m and "1 diagnoses wait" in m for m in retries())
+        server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while time.monotonic() < deadline and store.ping() is False:
+            time.sleep(0.05)
+        while time.monotonic() < deadline and store.hosts() != ["node-05"]:
+            time.sleep(0.1)
+        assert store.hosts() == ["node-05"]
+        assert any("store is back" in r.getMessage() for r in caplog.records)
+    finally:
+        stop.set()
+        worker.join(30)
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+    assert not worker.is_alive() and not crashed
+    assert sorted(_node_health(cfg)) == ["node-05"]

@@ -132,3 +132,42 @@ def test_lag_series_drop_revoked_partitions():
     assert shown() == {("raw", "0"): 5, ("raw", "1"): 0}
     lag.show({("p.raw", 1): 2, ("other", 3): 1})
     assert shown() == {("raw", "1"): 2, ("other", "3"): 1}
+
+
+def test_up_workers_serve_their_probes_on_loopback_unless_told(tmp_path, monkeypatch):
+    """Issue 22, item 7: `up`'s workers served /metrics, /healthz, /readyz on 0.0.0.0, unauthenticated,
+    while `serve` keeps to loopback. Now 127.0.0.1 unless FIRSTFAULT_METRICS_HOST says otherwise."""
+    from firstfault.streams.config import StreamConfig
+    from firstfault.streams.up import make_workers
+
+    cfg = StreamConfig(bootstrap="127.0.0.1:9", redis_url="redis://127.0.0.1:6379/0", prefix="t.")
+    monkeypatch.delenv("FIRSTFAULT_METRICS_HOST", raising=False)
+    monkeypatch.delenv("FIRSTFAULT_METRICS_PORT", raising=False)
+    workers = [w for w in make_workers(cfg, 1, str(tmp_path), slurm=True) if w.health_port]
+    assert {w.name for w in workers} >= {"extractor-1", "correlator", "slurm", "slurm-tail"}
+    for w in workers:
+        assert w.env["FIRSTFAULT_METRICS_HOST"] == "127.0.0.1", w.name
+        monkeypatch.setenv("FIRSTFAULT_METRICS_HOST", w.env["FIRSTFAULT_METRICS_HOST"])
+        h = Health(None, w.name)
+        try:
+            assert h.serve(w.health_port) == w.health_port
+            assert h._server.server_address[0] == "127.0.0.1"
+            assert get(f"http://127.0.0.1:{w.health_port}/healthz")[0] == 200
+        finally:
+            h.close()
+    monkeypatch.setenv("FIRSTFAULT_METRICS_HOST", "0.0.0.0")        # asked for: every interface
+    assert {w.env["FIRSTFAULT_METRICS_HOST"] for w in make_workers(cfg, 1, str(tmp_path)) if w.health_port} == {
+        "0.0.0.0"}
+    monkeypatch.delenv("FIRSTFAULT_METRICS_HOST")
+    h = Health(None, "standalone")                                  # a container's worker: its probes reach it
+    try:
+        h.serve(_free_port())
+        assert h._server.server_address[0] == "0.0.0.0"
+    finally:
+        h.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

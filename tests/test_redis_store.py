@@ -1,6 +1,7 @@
 """The diagnoses store: one test body, run against real Redis and the in-process fallback."""
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -10,7 +11,8 @@ from functools import lru_cache
 import pytest
 import redis
 
-from firstfault.connectors.sinks.redis_store import DiagnosisStore, InvalidCursor, StoreUnavailable
+from firstfault.connectors.sinks.redis_store import (MAX_REVISIONS, DiagnosisStore, InvalidCursor, Retention,
+                                                     StoreUnavailable)
 from firstfault.rules.engine import analyze_path
 from firstfault.schemas import Candidate, Diagnosis, Ref
 
@@ -255,3 +257,120 @@ def test_unreachable_redis_raises_store_unavailable_and_ping_is_false():
         down.save(diag("down"), T0)
     with pytest.raises(StoreUnavailable):
         down.query()
+
+
+# ---------------------------------------------------------------- retention (issue 22, item 4)
+
+class Clock:
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, seconds: float = 1.0) -> None:
+        self.t += seconds
+
+
+@pytest.fixture(params=["redis", "memory"])
+def kept(request):
+    """make(retention) -> (store, clock): a store with these caps on a clock the test moves."""
+    prefixes = []
+
+    def make(**caps):
+        clock = Clock()
+        retention = Retention(**caps)
+        if request.param == "memory":
+            return DiagnosisStore(None, retention=retention, clock=clock), clock
+        prefixes.append(f"fftest:{uuid.uuid4().hex}:")
+        return DiagnosisStore(REDIS_URL, prefix=prefixes[-1], retention=retention, clock=clock), clock
+
+    yield make
+    for p in prefixes:
+        wipe(p)
+
+
+LINES = {"logs/syslog/node-02.log": {str(n): "x" * 200 for n in range(1, 41)}}
+
+
+def gone(store: DiagnosisStore, workload_id: str, diagnosis_id: str) -> bool:
+    return (store.latest(workload_id) is None and store.attempts(workload_id) == []
+            and store.revisions(workload_id, 0) == [] and store.lines(diagnosis_id) is None)
+
+
+def test_the_count_cap_drops_the_oldest_write_first_and_the_listing_says_so(kept):
+    store, clock = kept(max_diagnoses=3)
+    for i in range(5):
+        clock.tick()
+        store.save(diag(f"job-{i}"), T0 + timedelta(minutes=10 - i), lines=LINES)   # listed newest-ended first
+    assert sorted(w for w, _ in ids(store.query()[0])) == ["job-2", "job-3", "job-4"]
+    for i in (0, 1):
+        assert gone(store, f"job-{i}", f"sha256:job-{i}-0-None-")
+    assert store.lines("sha256:job-4-0-None-") == LINES
+    st = store.retention_status()
+    assert (st["kept"], st["dropped"], st["dropped_by"]) == (3, 2, {"count": 2, "bytes": 0, "ttl": 0})
+    assert st["newest_dropped_stored_at"] < st["oldest_kept_stored_at"]
+    assert st["max_diagnoses"] == 3 and st["dropped_bytes"] > 0
+
+
+def test_the_byte_cap_counts_documents_and_lines_and_never_drops_the_one_just_written(kept):
+    probe, _ = kept()
+    probe.save(diag("probe"), T0, lines=LINES)
+    one = probe.retention_status()["bytes"]
+    assert one > len(diag("probe").to_json())            # the lines count too
+    store, clock = kept(max_bytes=int(one * 2.5))
+    for i in range(4):
+        clock.tick()
+        store.save(diag(f"b-{i}"), T0, lines=LINES)
+    st = store.retention_status()
+    assert [w for w, _ in ids(store.query()[0])] == ["b-3", "b-2"] and st["dropped_by"]["bytes"] == 2
+    assert st["bytes"] <= one * 2.5
+    small, clock = kept(max_bytes=10)                    # smaller than any one diagnosis: the newest stays
+    for i in range(3):
+        clock.tick()
+        assert small.save(diag(f"s-{i}"), T0) is True
+        assert ids(small.query()[0]) == [(f"s-{i}", 0)]
+
+
+def test_the_ttl_expires_by_last_write_even_when_nothing_new_is_saved(kept):
+    store, clock = kept(ttl_days=1)
+    store.save(diag("old"), T0)
+    clock.tick(3600)
+    store.save(diag("newer"), T0 - timedelta(days=400))     # ended long ago, stored now: the store's time counts
+    clock.tick(86_400 - 1800)                                # "old" was written 25 h ago, "newer" 23.5 h ago
+    assert ids(store.query()[0]) == [("newer", 0)]           # a read sweeps
+    st = store.retention_status()
+    assert st["dropped_by"] == {"count": 0, "bytes": 0, "ttl": 1} and st["kept"] == 1
+    clock.tick(3600)
+    assert store.sweep(force=True) == 1 and store.query()[0] == []
+    never, clock = kept(ttl_days=0)
+    never.save(diag("kept"), T0)
+    clock.tick(10 * 365 * 86_400)
+    assert ids(never.query()[0]) == [("kept", 0)]
+
+
+def test_an_attempt_keeps_a_bounded_number_of_revisions_and_its_bytes_stay_exact(kept):
+    store, clock = kept()
+    for rev in range(MAX_REVISIONS + 6):
+        clock.tick()
+        store.save(diag("busy", revision=rev), T0, lines={"logs/a.log": {"1": f"rev {rev}"}})
+    revs = store.revisions("busy", 0)
+    assert len(revs) == MAX_REVISIONS and revs[0].revision == 5 and store.latest("busy").revision == MAX_REVISIONS + 5
+    assert store.lines(diag("busy", revision=0).diagnosis_id) is None
+    docs = [store.latest("busy"), *revs]
+    expect = sum(len(d.to_json().encode()) for d in docs)
+    expect += sum(len(json.dumps(store.lines(d.diagnosis_id), sort_keys=True, ensure_ascii=False).encode())
+                  for d in docs)
+    assert store.retention_status()["bytes"] == expect
+
+
+def test_retention_settings_are_read_and_refused_by_name(monkeypatch):
+    r = Retention.from_env({"FIRSTFAULT_STORE_MAX_DIAGNOSES": "500", "FIRSTFAULT_STORE_MAX_BYTES": "64M",
+                            "FIRSTFAULT_STORE_TTL_DAYS": "7.5"})
+    assert (r.max_diagnoses, r.max_bytes, r.ttl_days) == (500, 64 * 1024 * 1024, 7.5)
+    for var, bad in (("FIRSTFAULT_STORE_MAX_DIAGNOSES", "0"), ("FIRSTFAULT_STORE_MAX_BYTES", "lots"),
+                     ("FIRSTFAULT_STORE_TTL_DAYS", "-1")):
+        with pytest.raises(ValueError, match=var):
+            Retention.from_env({var: bad})
+    monkeypatch.setenv("FIRSTFAULT_STORE_MAX_DIAGNOSES", "7")
+    assert DiagnosisStore(None).retention.max_diagnoses == 7        # the stream's writers read it too

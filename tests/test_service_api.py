@@ -731,3 +731,71 @@ async def test_a_query_is_taken_at_its_word_or_refused(make_client, query):
         assert r.json()["error"]["code"] == "invalid_request"
     assert (await c.get("/v1/nodes?limit=5")).status_code == 200
     assert (await c.get("/v1/diagnoses?limit=5")).status_code == 200
+
+
+async def test_stored_diagnoses_are_capped_and_the_listing_says_what_was_dropped(make_client):
+    """Issue 22, item 4: every POST /v1/analyze stored its diagnosis and lines, without end."""
+    c = make_client(store_max_diagnoses=2, store_ttl_days=30)
+    line = b"Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
+    for i in range(4):
+        r = await c.post(f"/v1/analyze?name=slurm-{i}.out", content=line, headers={"content-type": "text/plain"})
+        assert r.status_code == 200 and r.headers["X-Firstfault-Stored"] == "true"
+    body = (await c.get("/v1/diagnoses")).json()
+    assert len(body["items"]) == 2
+    kept = body["retention"]
+    assert (kept["max_diagnoses"], kept["ttl_days"], kept["kept"], kept["dropped"]) == (2, 30, 2, 2)
+    assert kept["dropped_by"] == {"count": 2, "bytes": 0, "ttl": 0} and kept["oldest_kept_stored_at"]
+    page = await c.get("/ui/")
+    assert "2 older diagnoses were dropped" in page.text and "FIRSTFAULT_STORE_MAX_DIAGNOSES" in page.text
+
+
+def test_retention_settings_come_from_the_environment():
+    s = ServiceSettings.from_env({"FIRSTFAULT_STORE_MAX_DIAGNOSES": "10", "FIRSTFAULT_STORE_MAX_BYTES": "1G",
+                                  "FIRSTFAULT_STORE_TTL_DAYS": "0"})
+    assert (s.retention.max_diagnoses, s.retention.max_bytes, s.retention.ttl_days) == (10, 1 << 30, 0)
+    with pytest.raises(ValueError, match="FIRSTFAULT_STORE_MAX_DIAGNOSES"):
+        ServiceSettings.from_env({"FIRSTFAULT_STORE_MAX_DIAGNOSES": "0"})
+
+
+async def test_schema_valid_requests_are_answered_not_refused(make_client):
+    """Issue 22, item 7: requests the OpenAPI document calls valid were answered 422: a page cursor
+    (any string was valid, few were accepted), a text parameter with blanks or control characters
+    (it is taken as written: nothing converts it), a 255-character file name of 2-byte characters."""
+    c = make_client()
+    c.app.state.ctx.store.save(stored("cur-1"), datetime(2026, 11, 2, 1, tzinfo=timezone.utc))
+    c.app.state.ctx.store.save(stored("cur-2"), datetime(2026, 11, 2, 2, tzinfo=timezone.utc))
+    first = (await c.get("/v1/diagnoses", params={"limit": 1})).json()
+    assert [d["workload_id"] for d in first["items"]] == ["cur-2"] and first["next_cursor"]
+    rest = (await c.get("/v1/diagnoses", params={"limit": 1, "cursor": first["next_cursor"]})).json()
+    assert [d["workload_id"] for d in rest["items"]] == ["cur-1"] and rest["next_cursor"] is None
+    schema = (await c.get("/openapi.json")).json()
+    cursor = next(p for p in schema["paths"]["/v1/diagnoses"]["get"]["parameters"] if p["name"] == "cursor")
+    assert cursor["schema"]["anyOf"][0]["pattern"]
+    for any_position in ("0:0:x", "-5:12:a b/c\x85", "9999999999999999:0:zz"):       # every one the pattern allows
+        for path in ("/v1/diagnoses", "/v1/nodes/node-02/diagnoses"):
+            r = await c.get(path, params={"cursor": any_position})
+            assert r.status_code == 200, (path, any_position, r.text[:200])
+    r = await c.get("/v1/diagnoses", params={"cursor": "garbage"})
+    assert r.status_code == 422 and "cursor" in r.json()["error"]["message"]     # not of the documented form
+    for params in ({"node": "node-02\x85"}, {"domain": " gpu "}, {"node": "a\tb"}):
+        r = await c.get("/v1/diagnoses", params=params)
+        assert r.status_code == 200 and r.json()["items"] == [], (params, r.text[:200])
+    r = await c.get("/v1/lines/cur-1", params={"path": "logs/\x1dx", "line": 1})
+    assert r.status_code == 200, r.text[:200]
+    line = b"Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
+    r = await c.post("/v1/analyze", params={"name": "é" * 250 + ".out", "store": "false"}, content=line,
+                     headers={"content-type": "text/plain"})
+    assert r.status_code == 200, r.text[:200]
+    assert r.json()["workload_id"].startswith("é" * 100)
+
+
+async def test_an_upload_with_a_100kb_file_name_is_a_422_not_a_500(make_client):
+    """Issue 22, item 7 (a 500 in the probe campaign; refused since the upload took file names)."""
+    c = make_client()
+    line = b"Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
+    for name in ("a" * 100_000 + ".log", "é" * 60_000 + ".log", "d/" * 50_000 + "x" * 300):
+        for accept in ("*/*", "text/html"):
+            r = await c.post("/v1/analyze", files={"bundle": (name, line)}, headers={"Accept": accept})
+            assert r.status_code == 422, (name[:20], r.status_code, r.text[:200])
+            assert "longer than 255 characters" in r.json()["error"]["message"]
+    assert (await c.get("/v1/diagnoses")).json()["items"] == []

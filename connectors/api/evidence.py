@@ -168,12 +168,19 @@ class Evidence:
 
 def file_name(given: str | None) -> str:
     """The base name a client gave its file (the workload id is its stem, as for `analyze FILE`):
-    no folder of the client's reaches the server's disk."""
-    name = PurePosixPath((given or "").replace("\\", "/")).name
-    if "\x00" in name:
-        raise ApiError(422, "invalid_upload", "the file name holds a NUL byte")
-    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
-        raise ApiError(422, "invalid_upload", f"the file name is longer than {MAX_NAME_BYTES} bytes")
+    no folder of the client's reaches the server's disk. Longer than MAX_NAME_BYTES characters is
+    refused (422); a name of fewer characters but more UTF-8 bytes than a file system takes is
+    shortened, its extension kept; a NUL (no file system takes one) becomes ``_``."""
+    name = PurePosixPath((given or "").replace("\\", "/")).name.replace("\x00", "_")
+    if len(name) > MAX_NAME_BYTES:
+        raise ApiError(422, "invalid_upload", f"the file name is longer than {MAX_NAME_BYTES} characters")
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_NAME_BYTES:
+        suffix = PurePosixPath(name).suffix
+        suffix = suffix if len(suffix.encode("utf-8", "surrogateescape")) <= 32 else ""
+        room = MAX_NAME_BYTES - len(suffix.encode("utf-8", "surrogateescape"))
+        stem = raw[:len(raw) - len(suffix.encode("utf-8", "surrogateescape"))][:room]
+        name = stem.decode("utf-8", "ignore") + suffix
     return name if name not in ("", ".", "..") else DEFAULT_NAME
 
 

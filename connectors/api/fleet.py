@@ -3,8 +3,8 @@
 The record is the one the stream's node-health worker, ``firstfault nodes --rebuild`` and this
 service's own POST /v1/analyze keep in Redis; the service holds a fleet state kept current
 from its changelog (``FleetMemory``), judged at the clock's now. The policy is
-FIRSTFAULT_AVOID_*, the topology FIRSTFAULT_TOPOLOGY (read on each request, so an edited file
-counts without a restart).
+FIRSTFAULT_AVOID_*, the topology FIRSTFAULT_TOPOLOGY (parsed once, and again when the file
+changes, so an edited file counts without a restart; a file that cannot be read is a note).
 """
 from __future__ import annotations
 

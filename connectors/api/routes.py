@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BeforeValidator
 
-from firstfault.connectors.sinks.redis_store import InvalidCursor
+from firstfault.connectors.sinks.redis_store import CURSOR_PATTERN, InvalidCursor
 from firstfault.rules.attempts import escalate
 from firstfault.rules.engine import analyze_bundle
 from firstfault.schemas import Diagnosis
@@ -39,7 +39,8 @@ IsoDateTime = Annotated[datetime, BeforeValidator(_iso_only)]
 WorkloadId = Annotated[str, Path(min_length=1, max_length=256, description="the scheduler's workload id")]
 Host = Annotated[str, Path(min_length=1, max_length=256)]
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
-Cursor = Annotated[str | None, Query(max_length=1024, description="next_cursor of the previous page")]
+Cursor = Annotated[str | None, Query(max_length=1024, pattern=CURSOR_PATTERN,
+                                     description="next_cursor of the previous page")]
 
 ANALYZE_BODY = {
     "required": True,
@@ -177,9 +178,7 @@ def build_router(ctx: ServiceContext) -> APIRouter:
                 # Attempt N failing like attempt N-1 escalates recovery (rules/attempts.py).
                 d = escalate(diagnosis, ctx.store.latest(diagnosis.workload_id, diagnosis.attempt - 1)
                              if diagnosis.attempt > 0 else None)
-                saved = ctx.store.save(d, ended_at)
-                if lines is not None:
-                    ctx.store.save_lines(d.diagnosis_id, lines)
+                saved = ctx.store.save(d, ended_at, lines=lines)
                 if ctx.nodes is not None:        # the fleet memory: the episodes of this attempt
                     ctx.nodes.record(d, fallback_at=ended_at.isoformat() if ended_at else None)
                 return d, saved
@@ -231,6 +230,8 @@ def build_router(ctx: ServiceContext) -> APIRouter:
 
     @router.get("/v1/diagnoses", tags=["diagnoses"], dependencies=[read], response_model=DiagnosisPage,
                 summary="Recent diagnoses, newest first, filtered and paginated",
+                description="Also says what the store keeps (FIRSTFAULT_STORE_MAX_DIAGNOSES, _MAX_BYTES, _TTL_DAYS) "
+                            "and what it dropped to keep to it (`retention`).",
                 responses=responses(401, 403, 422, 503))
     async def list_diagnoses(
             since: Annotated[IsoDateTime | None,
@@ -242,7 +243,9 @@ def build_router(ctx: ServiceContext) -> APIRouter:
             limit: Limit = 50, cursor: Cursor = None) -> Response:
         items, next_cursor = await _query(since=since, until=until, status=status, domain=domain, node=node,
                                           limit=limit, cursor=cursor)
-        return JSONResponse({"items": [d.to_dict() for d in items], "next_cursor": next_cursor})
+        retention = await ctx.in_thread(ctx.store.retention_status)
+        return JSONResponse({"items": [d.to_dict() for d in items], "next_cursor": next_cursor,
+                             "retention": retention})
 
     @router.get("/v1/nodes/{host}/diagnoses", tags=["diagnoses"], dependencies=[read],
                 response_model=NodeDiagnosisPage, summary="Diagnoses that blamed or suspected a host",

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from firstfault.connectors.sinks.redis_store import Retention
+from firstfault.rules.bundle import parse_size
+
 ENV_PREFIX = "FIRSTFAULT_"
 MiB = 1024 * 1024
 
@@ -42,10 +45,35 @@ class ServiceSettings(BaseModel):
     engine_threads: int = Field(default=2, ge=1, le=64)
     engine_queue: int = Field(default=8, ge=0, description="requests that may wait for an engine thread")
 
+    # Retention of the diagnoses store (also read by the stream's correlator: redis_store.Retention).
+    store_max_diagnoses: int = Field(default=Retention.max_diagnoses, ge=1, description="attempts kept")
+    store_max_bytes: int = Field(default=Retention.max_bytes, ge=1, description="documents and kept lines (512M, 4G)")
+    store_ttl_days: float = Field(default=Retention.ttl_days, ge=0, description="days since the last write; 0: none")
+
+    allowed_hosts: frozenset[str] = Field(default=frozenset(), description="Host header names answered (comma-"
+                                          "separated; *.example.com, *); none: loopback names when bound to loopback")
+
     @field_validator("redis_url", "rules")
     @classmethod
     def _blank_is_none(cls, v: str | None) -> str | None:
         return v or None
+
+    @field_validator("store_max_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: object) -> object:
+        return parse_size(v) if isinstance(v, str) else v
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _names(cls, v: object) -> object:
+        if isinstance(v, str):
+            return frozenset(h.strip().lower() for h in v.split(",") if h.strip())
+        return v
+
+    @property
+    def retention(self) -> Retention:
+        return Retention(max_diagnoses=self.store_max_diagnoses, max_bytes=self.store_max_bytes,
+                         ttl_days=self.store_ttl_days)
 
     @property
     def auth_enabled(self) -> bool:

@@ -79,11 +79,20 @@ def _page(request: Request, name: str, context: dict[str, Any], status_code: int
 
 def render_error(request: Request, exc: ApiError) -> Response:
     """The HTML form of an API error on a /ui/ page (a login form for 401/403)."""
-    login = exc.status in (401, 403)
+    login = exc.status in (401, 403) and exc.code != "cross_site_request"
     return _page(request, "message.html", {
         "title": "Sign in" if login else f"{exc.status}", "message": exc.message, "login": login,
         "next": request.url.path + (f"?{request.url.query}" if request.url.query else "")},
         status_code=exc.status, headers=exc.headers)
+
+
+def retention_note(kept: dict[str, Any]) -> str:
+    """What the store's retention dropped, in one sentence for the index page."""
+    ttl = f", {kept['ttl_days']:g} days" if kept["ttl_days"] else ""
+    oldest = f"; the oldest kept was stored {_when(kept['oldest_kept_stored_at'])}" if kept["oldest_kept_stored_at"] else ""
+    return (f"{kept['dropped']} older diagnoses were dropped to keep the store within its retention (at most "
+            f"{kept['max_diagnoses']} diagnoses, {kept['max_bytes']} bytes{ttl}: FIRSTFAULT_STORE_MAX_DIAGNOSES, "
+            f"_MAX_BYTES, _TTL_DAYS){oldest}")
 
 
 def build_ui_router(ctx: ServiceContext) -> APIRouter:
@@ -112,6 +121,9 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
         except InvalidCursor:
             notes.append("ignored an invalid page cursor")
             items, next_cursor = await ctx.in_thread(ctx.store.query, limit=50, **filters)
+        kept = await ctx.in_thread(ctx.store.retention_status)
+        if kept["dropped"]:
+            notes.append(retention_note(kept))
         form = {"status": status or "", "domain": domain or "", "node": node or "",
                 "since": since or "", "until": until or ""}
         next_url = None
@@ -191,7 +203,10 @@ def build_ui_router(ctx: ServiceContext) -> APIRouter:
                            headers={"WWW-Authenticate": 'Bearer realm="firstfault", error="invalid_token"'})
         resp = RedirectResponse(target, status_code=303)
         if ctx.auth.enabled:
-            resp.set_cookie(UI_COOKIE, token, httponly=True, samesite="strict", path="/ui",
+            # Path=/: the pages' upload form posts to /v1/analyze, which takes this cookie as a write
+            # token. SameSite=Strict and the same-origin check (origin.py) keep other sites from using it.
+            resp.delete_cookie(UI_COOKIE, path="/ui")      # the narrower one earlier versions set
+            resp.set_cookie(UI_COOKIE, token, httponly=True, samesite="strict", path="/",
                             secure=request.url.scheme == "https")
         return resp
 

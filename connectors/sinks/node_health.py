@@ -379,12 +379,13 @@ class NodeHealthStore:
 
 def topology_from_env(path: str | None = None, env: Mapping[str, str] | None = None) -> Topology | None:
     """The topology named by ``path`` or FIRSTFAULT_TOPOLOGY; None when neither is set.
-    A file that cannot be read raises TopologyError (a ValueError) naming it."""
-    from ..topology_map import load_topology
+    A file that cannot be read raises TopologyError (a ValueError) naming it. The file is parsed
+    once and again only when it changes (``cached_topology``): the service asks on every request."""
+    from ..topology_map import cached_topology
 
     env = os.environ if env is None else env
     path = path or env.get("FIRSTFAULT_TOPOLOGY") or None
-    return load_topology(path) if path else None
+    return cached_topology(path, env) if path else None
 
 
 def fleet_report(store: NodeHealthStore, policy: Policy | None = None, topology: Topology | None = None,
