@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from firstfault.rules.bundle import ArchiveLimitError
 from firstfault.rules.errors import BundleError, CatalogError, FirstfaultError
@@ -142,8 +143,19 @@ def cmd_ship(args: argparse.Namespace) -> int:
         json.dump(summary, sys.stdout, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        print(f"shipped {stats.lines:,} lines from {stats.files} files to {cfg.topic('raw')} "
-              f"in {stats.seconds:.2f} s, with the scheduler start and end on {cfg.topic('scheduler')}")
+        from firstfault.streams.follow import timings
+
+        files = f"{stats.files} file{'' if stats.files == 1 else 's'}"
+        if args.no_end:
+            print(f"shipped {stats.lines:,} lines from {files} to {cfg.topic('raw')} in {stats.seconds:.2f} s, with "
+                  f"the scheduler start on {cfg.topic('scheduler')} and no end: the workload stays running, so no "
+                  "final diagnosis comes until its end event does")
+        else:
+            # Nothing is published for the grace period: say so, and where the diagnosis will show.
+            grace = timings(cfg, getattr(args, "up_run", None)).grace_cap_s
+            print(f"shipped {stats.lines:,} lines from {files} to {cfg.topic('raw')} in {stats.seconds:.2f} s, with "
+                  f"the scheduler start and end on {cfg.topic('scheduler')}; its final diagnosis comes about "
+                  f"{grace:g} s after the end (the grace period): firstfault diagnoses")
     return 0
 
 
@@ -216,13 +228,25 @@ STREAM_COMMANDS = {"up": "up", "topology": "up", "diagnoses": "follow", "replay"
 RULES_LOCAL = ("test", "lint", "list")      # rules commands that need no broker
 
 
+class _Unparsed(Exception):
+    """The partial command line could not parse the arguments: the whole one will say why."""
+
+
+class _Partial(argparse.ArgumentParser):
+    """A command line holding only the command being run: its errors are left to the whole one,
+    whose usage names every command."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Unparsed(message)
+
+
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The whole command line, or, when ``argv`` names a command (and asks no help of the top level),
     only what that command needs: the others' stream modules are not imported."""
     command = argv[0] if argv else None
     known = command in STREAM_COMMANDS or command in ("analyze", "ship", "serve", "rules")
     only = command if known else None
-    parser = argparse.ArgumentParser(
+    parser = (_Partial if only else argparse.ArgumentParser)(
         prog="firstfault", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  firstfault analyze job.log                 one log file, as posted\n"
@@ -233,20 +257,35 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"firstfault {__import__('firstfault').__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("analyze", help="diagnose one workload attempt from a log file, a folder of logs or a bundle")
+    p = sub.add_parser(
+        "analyze", help="diagnose one workload attempt from a log file, a folder of logs or a bundle",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit codes:\n"
+               "  0    a diagnosis, whatever its status (attributed, ambiguous, unattributed, no_failure)\n"
+               "  2    no diagnosis: an unusable input (missing, unreadable, empty, a damaged or too large archive,\n"
+               "       no line to read), a rule catalog that does not load, or a wrong option; one line on stderr\n"
+               "  130  interrupted (Ctrl-C)\n"
+               "examples:\n"
+               "  firstfault analyze slurm-1234.out                 one job's output file\n"
+               "  firstfault analyze logs/ --json | jq .summary     a folder of logs; the diagnosis object")
     p.add_argument("path", help="a log file, a folder of logs in any layout, or a bundle (folder, .tar.gz or .zip)")
-    p.add_argument("--json", action="store_true", help="print exactly the diagnosis object")
-    p.add_argument("--rules", default=_env("RULES"), help="a rules directory laid over the built-in catalog")
+    p.add_argument("--json", action="store_true",
+                   help="print exactly the diagnosis object (docs/diagnosis.md), not the summary for a person")
+    p.add_argument("--rules", default=_env("RULES"), metavar="DIR",
+                   help="a rules directory laid over the built-in catalog (FIRSTFAULT_RULES)")
     p.add_argument("--max-archive-bytes", type=_size, metavar="SIZE",
                    help="cap on an archive's uncompressed size, any member and all together, e.g. 4G "
                         "(FIRSTFAULT_MAX_ARCHIVE_BYTES, default 1G)")
     p.set_defaults(fn=cmd_analyze)
 
-    p = sub.add_parser("ship", help="publish a bundle's lines and scheduler record to the raw topics")
+    p = sub.add_parser("ship", help="publish what analyze takes (a bundle, a log file or a folder of logs) to the "
+                                    "stream as a cluster would: scheduler start, every host's lines, scheduler end")
     p.add_argument("path", help="what analyze takes: a bundle (directory, .tar.gz, .zip), a log file or a folder of logs")
     p.add_argument("--rate", type=float, help="lines per second (default: as fast as possible)")
-    p.add_argument("--no-end", action="store_true", help="do not send the scheduler end event")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-end", action="store_true",
+                   help="do not send the scheduler end event (the workload stays running: no final diagnosis)")
+    p.add_argument("--json", action="store_true",
+                   help="what was shipped as one JSON object (lines, files, bytes, seconds, topics)")
     _add_stream_flags(p)
     p.set_defaults(fn=cmd_ship)
 
@@ -259,12 +298,21 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     rules = sub.add_parser("rules", help="test, lint and list the rule catalog; publish, shadow, promote and roll it back")
     rsub = rules.add_subparsers(dest="rules_command", required=True)
-    for name, fn, helptext in (("test", cmd_rules_test, "run every rule's own examples: the real lines that must and must not fire it"),
-                               ("lint", cmd_rules_lint, "check the catalog: format, taxonomy, kinds and fields a rule names, linear-time regexes that cannot backtrack"),
-                               ("list", cmd_rules_list, "list the rules with their ids, files and status")):
-        rp = rsub.add_parser(name, help=helptext)
-        rp.add_argument("--rules", default=_env("RULES"), help="a rules directory laid over the built-in catalog")
-        rp.add_argument("--json", action="store_true")
+    codes = "exit codes: 0 {ok}; 1 {bad}; 2 the catalog does not load (one line on stderr)"
+    for name, fn, helptext, json_help, exits in (
+            ("test", cmd_rules_test, "run every rule's own examples: the real lines that must and must not fire it",
+             "the counts and each failure (rule id, file, problem) as one JSON object",
+             codes.format(ok="every example passed", bad="an example failed")),
+            ("lint", cmd_rules_lint, "check the catalog: format, taxonomy, kinds and fields a rule names, linear-time "
+                                     "regexes that cannot backtrack",
+             "each problem (file, rule id, problem) as one JSON object", codes.format(ok="no problem", bad="a problem")),
+            ("list", cmd_rules_list, "list every rule by stage and priority, with its id and title, and the catalog "
+                                     "version",
+             "the catalog version and every rule (stage, id, priority, title) as one JSON object", "")):
+        rp = rsub.add_parser(name, help=helptext, epilog=exits or None)
+        rp.add_argument("--rules", default=_env("RULES"), metavar="DIR",
+                        help="a rules directory laid over the built-in catalog (FIRSTFAULT_RULES)")
+        rp.add_argument("--json", action="store_true", help=json_help)
         if name == "test":
             rp.add_argument("--only", help="only rules whose id starts with this")
         rp.set_defaults(fn=fn)
@@ -293,8 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         _serve_store(argv[1:])
         return serve_main(argv[1:])
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except _Unparsed:
+        args = build_parser().parse_args(argv)      # prints the error with the whole usage, exits 2
     stdout = sys.stdout
     if not getattr(args, "json", False):
         # Human text made elsewhere (diagnoses' table, replay's report, ship's and up's lines) carries

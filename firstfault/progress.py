@@ -33,3 +33,23 @@ class Bar:
         if self._shown:
             self.stream.write("\r" + " " * 78 + "\r")
             self.stream.flush()
+
+
+class Steps:
+    """One line on stderr per step of a long command, with the seconds since it began: a person sees
+    what it is doing and why it waits. Off (``enabled=False``) under ``--json``, for a program."""
+
+    def __init__(self, label: str, enabled: bool = True, stream=None, clock=time.monotonic) -> None:
+        self.label = label
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self._clock = clock
+        self._t0 = clock()
+
+    def __call__(self, message: str) -> None:
+        if not self.enabled:
+            return
+        from .term import printable
+
+        self.stream.write(printable(f"{self.label}: {message} [{self._clock() - self._t0:.1f} s]") + "\n")
+        self.stream.flush()

@@ -1,7 +1,8 @@
 """The readable summary of a diagnosis, for a person at a terminal."""
 from __future__ import annotations
 
-from firstfault.rules.summary import NOT_AT_FAULT, percent
+from firstfault.rules.order import AT_LEAST, shown_at
+from firstfault.rules.summary import NOT_AT_FAULT, coverage_phrase, inferred_record, percent
 from firstfault.schemas import Diagnosis
 
 from .term import printable
@@ -33,6 +34,15 @@ def _hosts(hosts: list[str], limit: int = 4) -> str:
     return head + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
 
 
+def _cut(text: str, width: int) -> str:
+    """At most ``width`` characters, an ellipsis where it was cut."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def _t(stamp: str | None) -> str:
     return "(no time)" if not stamp else stamp.replace("T", " ").rstrip("Z")[:23]
 
@@ -44,6 +54,11 @@ def _when(rc) -> str:
     if rc.time_basis == "line_order" or not rc.timestamp:
         return "(no time: placed by its line order)"
     return _t(rc.timestamp)
+
+
+def _first(s) -> str:
+    """A symptom group's first time, marked ≥ when it is a lower bound (no stamp of its own)."""
+    return (AT_LEAST if s.first_basis == "inherited" and s.first else "") + _t(s.first)
 
 
 def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
@@ -71,16 +86,28 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
     elif d.status == "ambiguous":
         head += f"  {d.domain}: {len(d.candidates)} causes fit"
     out.append(c(head, status_color[d.status]))
-    if d.summary:
-        add(*_wrap(d.summary, "  "))
     rc = d.root_cause
+    why = ""
+    if rc is not None and d.summary.startswith(rc.message.rstrip(".")):
+        # The summary opens with the root's own sentence, which the root cause line prints: say it once.
+        why = d.summary[len(rc.message.rstrip(".")):].lstrip(". ")
+    elif d.summary:
+        add(*_wrap(d.summary, "  "))
+    no_record = inferred_record(d.missing_evidence)
+
+    def ref(r) -> str:
+        # A bare file or folder has no workload.json: its scheduler facts were inferred, not read from a file.
+        return "the inferred workload record" if no_record and r.path == "workload.json" else f"{r.path}:{r.line}"
+
     if rc is not None:
         where = ", ".join(x for x in (rc.host and f"host {rc.host}", rc.gpu is not None and f"GPU {rc.gpu}",
                                       rc.rank is not None and f"rank {rc.rank}") if x)
-        add(f"  root cause  {rc.message}",
-            f"              {where}; logged {_when(rc)}" + (f", onset {_t(rc.onset)}" if rc.onset != rc.timestamp and rc.onset else ""),
-            f"              {rc.ref.path}:{rc.ref.line}",
-            f"              | {rc.text[:160]}")
+        add(f"  root cause  {rc.message}")
+        if why:
+            add(*_wrap(why, " " * 14))
+        add(f"              {where}; logged {_when(rc)}" + (f", onset {_t(rc.onset)}" if rc.onset != rc.timestamp and rc.onset else ""),
+            f"              {ref(rc.ref)}",
+            f"              | {_cut(rc.text, 160)}")
     for cand in d.candidates:
         add(f"  candidate   {cand.domain}/{cand.sub_domain} on {_hosts(cand.nodes)} "
             f"(explains {percent(cand.coverage)}): {cand.message}")
@@ -91,35 +118,34 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
         # Nobody is responsible until the candidates are told apart, but each names its nodes.
         line += f"    candidates on {_hosts(sorted({n for cand in d.candidates for n in cand.nodes}))}"
     add(line)
-    if d.status != "no_failure":
-        total = sum(s.count for s in d.symptoms)
-        add(f"  coverage    {percent(d.symptom_coverage)} of symptom lines explained ({total:,} symptom lines)")
+    coverage = coverage_phrase(d.status, d.symptom_coverage, d.symptoms)
+    if coverage:
+        add(f"  coverage    {coverage}")
     add("")
     timeline = []
     root_at = (rc.onset or rc.timestamp or "") if rc is not None else ""
     if rc is not None:
         timeline.append((root_at, 0, _when(rc) if rc.time_basis != "stamped" else _t(root_at), rc.host or "-",
                          f"{rc.kind}: {rc.message}"))
-    for s in d.symptoms:
-        # An echo never sorts before its cause: an explained symptom whose (inherited) stamp is
-        # earlier is shown right after the root, its time marked as a lower bound.
-        at = s.first or ""
-        early = bool(rc is not None and s.explained and (not at or (root_at and at < root_at)))
-        label = (f"≥{_t(at)}" if at else "(no time)") if early else _t(at)
-        timeline.append((root_at if early else at, 1, label, _hosts(s.hosts, 2), f"{s.kind} ×{s.count}"))
+    for i, s in enumerate(d.symptoms):
+        # Placed as the JSON orders them (rules/order.py shown_at): a lower bound is marked ≥ and an
+        # explained one never sorts before its cause.
+        at = shown_at(s.first, s.first_basis, s.explained, root_at or None) or ""
+        timeline.append((at, 1 + i, _first(s), _hosts(s.hosts, 2), f"{s.kind} ×{s.count}"))
     if timeline:
         add("Timeline (first events, by onset; ≥ a lower bound, the time of the stamped line above)")
         for stamp, rank, label, host, what in sorted(timeline, key=lambda x: (x[0] == "", x[0], x[1]))[:8]:
             mark = c("ROOT ", "1") if rank == 0 else ""
-            out.append(printable(f"  {label[:24]:24}  {host[:28]:28}  ") + mark + printable(what))
+            out.append(printable(f"  {_cut(label, 24):24}  {_cut(host, 28):28}  ") + mark + printable(what))
         add("")
     if d.symptoms:
         add("Symptoms")
         for s in d.symptoms:
             mark = "explained" if s.explained else "unexplained"
-            hosts = f"{len(s.hosts):>4} host{'' if len(s.hosts) == 1 else 's'}"
-            add(f"  {s.kind:24} {s.count:>8,}  {hosts:<10} ranks {_ranks(s.ranks)}  "
-                f"{_t(s.first)} → {_t(s.last)}  [{mark}]  e.g. {s.sample.path}:{s.sample.line}")
+            hosts = f"{len(s.hosts):>4} host{'' if len(s.hosts) == 1 else 's'}" if s.hosts else ""
+            ranks = f"ranks {_ranks(s.ranks)}  " if s.ranks else ""
+            add(f"  {s.kind:24} {s.count:>8,}  {hosts:<10} {ranks}"
+                f"{_first(s)} → {_t(s.last)}  [{mark}]  e.g. {ref(s.sample)}")
         add("")
     if d.missing_evidence:
         add("Missing evidence")
@@ -127,7 +153,10 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
             what = _hosts(m.hosts) if m.hosts else ""
             if m.ranks:
                 what += f" (ranks {_ranks(m.ranks)})"
-            add(f"  {m.kind:10} {m.detail}: {what}")
+            import textwrap
+
+            add(*textwrap.wrap(f"{m.kind:10} {m.detail}" + (f": {what}" if what else ""), width=100,
+                               initial_indent="  ", subsequent_indent=" " * 13))
         add("")
     add(f"Recovery    {d.recovery.action}" + (f" {', '.join(d.recovery.nodes)}" if d.recovery.nodes else ""))
     if d.recovery.reason:
@@ -139,9 +168,13 @@ def summary(d: Diagnosis, stats: dict | None = None, color: bool = False) -> str
         # matched by the engine, so it is taken out of "matched" here.
         read, cands, matched, damaged = (stats.get(k, 0) for k in ("lines", "candidates", "matched", "unparsed"))
         files = stats["files"]
-        lines = _wrap(f"{read:,} line{'' if read == 1 else 's'} in {files} file{'' if files == 1 else 's'}: "
-                      f"{matched - damaged:,} matched a pattern, {cands - matched:,} hit an anchor but no pattern, "
-                      f"{read - cands:,} had no anchor, {damaged:,} unreadable (kept as evidence)", " " * 12)
+        # Parts that are none are left out: "0 unreadable" says nothing a person needs.
+        parts = [f"{n:,} {what}" for n, what in ((matched - damaged, "matched a pattern"),
+                                                 (cands - matched, "hit an anchor but no pattern"),
+                                                 (read - cands, "had no anchor"), (damaged, "unreadable (kept as evidence)"))
+                 if n]
+        lines = _wrap(f"{_n(read, 'line')} in {_n(files, 'file')}" + (": " + ", ".join(parts) if parts else ""),
+                      " " * 12)
         lines[0] = "Read        " + lines[0].lstrip()
         add(*lines)
     add(f"Rules       {d.rules_version}    diagnosis {d.diagnosis_id}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -26,6 +27,9 @@ from .regex import LinearRegex, LineMatch, RegexError
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUILTIN_CATALOG = PACKAGE_DIR / "catalog"
 SOURCES = frozenset({"app", "syslog", "fabricmanager", "scheduler", "metrics"})
+# A pattern's scope: host (of the lines below), object (they are about: a field of that name),
+# pod (both: the object, and the pod's node from the workload's pods map as the host).
+SCOPE_KEYS = frozenset({"host", "object", "pod"})
 STATUSES = frozenset({"experimental", "test", "stable"})
 TYPES = {"int": int, "float": float, "str": str}
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
@@ -64,6 +68,11 @@ class Pattern:
     nomatch_examples: tuple[Example, ...]
     stamp_field: str | None = None          # a field holding the time the line states for itself
     unless: LinearRegex | None = None       # a line this also matches is not this pattern's (RE2 has no look-around)
+    # What the line says of the lines below it in its file, until another line says otherwise (a
+    # `kubectl describe`'s "Node:" is the host of the report's lines): SCOPE_KEYS -> field (None: clears).
+    scope: Mapping[str, str | None] = field(default_factory=dict)
+    pod_field: str | None = None            # a field naming a pod: its node (the workload's pods map) is the host
+    dates_above: int | None = None          # the stated time is also that of the untimed lines up to N above (its record)
 
     def search(self, message: str, data: bytes | None = None) -> LineMatch | None:
         """``data``: the message's UTF-8 bytes, when the caller tries several patterns on it."""
@@ -161,8 +170,28 @@ def catalog_files(root: Path, overlay: Path | None = None) -> dict[str, Path]:
         if not base.is_dir():
             raise CatalogError(str(base), None, "rules directory does not exist")
         for path in sorted(base.rglob("*.yaml")):
-            files[path.relative_to(base).as_posix()] = path
+            rel = path.relative_to(base).as_posix()
+            check_rule_file(path, rel)
+            files[rel] = path
     return files
+
+
+MAX_RULE_FILE_BYTES = 16 * 1024 * 1024      # the biggest built-in file is ~100 KB
+
+
+def check_rule_file(path: Path, rel: str) -> None:
+    """A catalog file must be a regular file (a link to one is fine) of at most MAX_RULE_FILE_BYTES:
+    a ``*.yaml`` that is a FIFO would block the reader, one that is /dev/zero would fill memory."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise CatalogError(rel, None, f"cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or
+                stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a special file")
+        raise CatalogError(rel, None, f"is {kind}, not a regular file")
+    if st.st_size > MAX_RULE_FILE_BYTES:
+        raise CatalogError(rel, None, f"{st.st_size} bytes, more than a rules file may be ({MAX_RULE_FILE_BYTES})")
 
 
 def _python_rule_sources() -> list[Path]:
@@ -398,10 +427,20 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
     for g in group_by:
         if g not in groups and g not in constants:
             errs.add(file, rid, f"group_by names {g!r}, which is neither captured nor set")
-    for key in ("gpu", "rank", "host", "onset_ms", "stamp"):
+    for key in ("gpu", "rank", "host", "onset_ms", "stamp", "pod"):
         name = item.get(key)
         if name is not None and name not in groups:
             errs.add(file, rid, f"{key} names {name!r}, which the regex does not capture")
+    scope = _dict(item, "scope", errs, file, rid)
+    for key, name in scope.items():
+        if key not in SCOPE_KEYS:
+            errs.add(file, rid, f"scope: {known_keys.unknown([key], SCOPE_KEYS)[0]}")
+        if name is not None and name not in groups:
+            errs.add(file, rid, f"scope: {key} names {name!r}, which the regex does not capture")
+    dates_above = item.get("dates_above")
+    if dates_above is not None and (not isinstance(dates_above, int) or isinstance(dates_above, bool)
+                                    or not 0 < dates_above <= 64 or not item.get("stamp")):
+        errs.add(file, rid, "dates_above must be a number of lines from 1 to 64, with stamp naming the time")
     match = _examples(examples.get("match"), errs, file, rid, "match")
     nomatch = _examples(examples.get("no_match"), errs, file, rid, "no_match")
     if not match:
@@ -417,7 +456,8 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
         rank_field=item.get("rank"), host_field=item.get("host"), onset_field=item.get("onset_ms"),
         stamp_field=item.get("stamp"), aggregate_ranks=bool(item.get("aggregate_ranks", True)), priority=int(item.get("priority", 0)),
         references=tuple(item.get("references") or ()), match_examples=match, nomatch_examples=nomatch,
-        unless=unless,
+        unless=unless, scope=scope, pod_field=item.get("pod"),
+        dates_above=dates_above if isinstance(dates_above, int) and not isinstance(dates_above, bool) else None,
     )
 
 

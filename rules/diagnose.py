@@ -22,14 +22,13 @@ from .catalog import Catalog
 from .early import run_early
 from .final import SCHEDULER_RECORD, DEFAULT_SETTINGS, FinalContext, reachable
 from .model import Ev
+from .order import POINT, basis_of, shown_at
 from .python import ordered as final_rules
 from .python.final_rules import responsible
 from .stamps import iso_z
 from .summary import write_summary
 
 WORKLOAD_REF = "workload.json"
-# How a root's time is known, for a person: a stamp of its own, or only bounds.
-TIME_BASIS = {"exact": "stamped", "no_year": "stamped", "uptime": "uptime", "inherited": "inherited"}
 # Node-scoped lines (kernel, driver, Fabric Manager) belong to a workload only within
 # this horizon around its run; the stream routes them with the same horizon.
 EVIDENCE_HORIZON_S = 3600.0
@@ -92,7 +91,18 @@ def _message(ev: Ev, catalog: Catalog) -> str:
     return f"{summary}{where}"
 
 
-def _symptoms(ctx: FinalContext) -> list[Symptom]:
+def _first(evs: list[Ev]) -> tuple[str | None, str | None]:
+    """A group's first time and its basis: a point when a line of its own stamp is the earliest
+    (or ties it), else the inherited lower bound of an unstamped line."""
+    timed = [(e.stamp, e.quality not in POINT) for e in evs if e.stamp is not None]
+    if not timed:
+        return None, None
+    stamp, bound = min(timed)
+    quality = next(e.quality for e in evs if e.stamp == stamp and (e.quality not in POINT) == bound)
+    return iso_z(stamp), basis_of(quality)
+
+
+def _symptoms(ctx: FinalContext, cause_at: str | None = None) -> list[Symptom]:
     # Ambiguous: a symptom is explained when a candidate explains it (whichever is the cause),
     # so the flags agree with the coverage the candidates are shown with.
     roots = list(ctx.chosen) or [m for c in ctx.candidates for m in c["members"]]
@@ -110,16 +120,22 @@ def _symptoms(ctx: FinalContext) -> list[Symptom]:
     out = []
     for kind, evs in members.items():
         evs.sort(key=lambda e: e.order_key())
-        firsts = [e.stamp for e in evs if e.stamp is not None]
+        first, basis = _first(evs)
         lasts = [e.last_stamp or e.stamp for e in evs if (e.last_stamp or e.stamp) is not None]
         out.append(Symptom(
             kind=kind, count=sum(e.count for e in evs),
             hosts=sorted({e.host for e in evs if e.host}),
             ranks=sorted(set().union(*(e.ranks for e in evs))),
-            first=iso_z(min(firsts)) if firsts else None, last=iso_z(max(lasts)) if lasts else None,
+            first=first, last=iso_z(max(lasts)) if lasts else None, first_basis=basis,
             sample=evs[0].ref(), explained=all(id(e) in explained for e in evs) and bool(roots),
         ))
-    out.sort(key=lambda s: (s.first is None, s.first or "", s.kind))
+
+    def order(s: Symptom) -> tuple:
+        at = shown_at(s.first, s.first_basis, s.explained, cause_at)    # a bound never before its cause
+        # At one instant a point comes first: a bound says "at or after" it.
+        return (at is None, at or "", s.first_basis not in ("stamped", "uptime"), s.first is None, s.first or "", s.kind)
+
+    out.sort(key=order)
     return out
 
 
@@ -188,7 +204,7 @@ def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Dia
         domain, sub = first.domain or "unknown", first.sub_domain or "unattributed"
         root = RootCause(
             kind=first.kind, domain=domain, sub_domain=sub, host=first.host, gpu=_gpu(first), rank=first.rank,
-            timestamp=iso_z(first.stamp), onset=iso_z(first.corrected_onset), time_basis=TIME_BASIS.get(first.quality, "line_order"),
+            timestamp=iso_z(first.stamp), onset=iso_z(first.corrected_onset), time_basis=basis_of(first.quality),
             fields={k: v for k, v in sorted(first.fields.items()) if v is not None and not isinstance(v, (list, dict))},
             ref=first.ref(), text=first.text, message=_message(first, catalog),
         )
@@ -204,7 +220,7 @@ def _assemble(ctx: FinalContext, early_steps, catalog: Catalog, did: str) -> Dia
                 coverage=c["coverage"], evidence=_refs(members, int(ctx.settings["max_refs"])),
                 message=_message(members[0], catalog), onset=_first_onset(members)))
     rec = ctx.recovery or {"action": "notify_owner", "nodes": []}
-    symptoms = _symptoms(ctx)
+    symptoms = _symptoms(ctx, (root.onset or root.timestamp) if root is not None else None)
     summary = write_summary(ctx, status, root, candidates, sum(s.count for s in symptoms))
     return Diagnosis(
         workload_id=wl.workload_id, attempt=wl.attempt, terminal_state=wl.terminal_state, status=status,

@@ -26,7 +26,7 @@ from .model import Ev, EventSet
 from .prefilter import Prefilter, TooManyHits, anchor_index
 from .regex import LineMatch
 from .prefixes import Head, StampContext, read_head
-from .stamps import parse_iso
+from .stamps import parse_iso, parse_rfc1123z
 
 MIXED = "mixed"               # a file of unknown kind: any source's patterns apply
 MAX_LINE = 64 * 1024          # longer lines are matched on their first MAX_LINE bytes (and flagged)
@@ -73,6 +73,16 @@ class HostResolver:
         if short in self.short:
             return self.short[short]
         return name
+
+    def pod_node(self, name: str | None) -> str | None:
+        """The node a pod ran on (the workload's pods map), or the node itself when ``name`` is one of
+        the workload's; None for a name it does not know (a pod name is never taken for a host)."""
+        if not name:
+            return None
+        if name in self.pods:
+            return self.pods[name]
+        resolved = self.node(name)
+        return resolved if resolved in self.nodes else None
 
     def file_host(self, path: str, source: str) -> str | None:
         stem = PurePosixPath(path).stem
@@ -187,6 +197,8 @@ class Extractor:
         self._priority = {p.id: i for i, p in enumerate(catalog.patterns)}
         self._cand_cache: dict[tuple[frozenset[int], str], _Candidates] = {}
         self._ctx_cache: dict[str | None, StampContext] = {}
+        self._stated: dict[str, tuple[int, Any]] = {}     # path -> (line, time) of its last line stating its time
+        self._scopes: dict[str, dict[str, str | None]] = {}   # path -> what its lines so far say of the next (Pattern.scope)
         self._memo = _memo(catalog)
 
     def _candidates(self, anchor_ids: frozenset[int], source: str) -> _Candidates:
@@ -221,6 +233,9 @@ class Extractor:
         ``source`` is the file's kind when its path does not say it (a sniffed file)."""
         stats = ExtractStats(files=1)
         source = source_of(path) or source or "app"
+        # Read from its first line: nothing above it places or scopes it.
+        self._scopes.pop(path, None)
+        self._stated.pop(path, None)
         file_host = self.hosts.file_host(path, source)
         ctx = self.context(file_host)
         tail: list[bytes] = []
@@ -279,14 +294,20 @@ class Extractor:
         head = read_head(text, ctx)
         found = self._match(self._candidates(frozenset(anchor_ids), source), head.message)
         if found is not None:
-            pat, m, _ = found
+            pat, m, base = found
+            if pat.scope:
+                self._set_scope(path, pat, base)
             if head.stamp is None and head.quality != "order_only" and above is not None:
                 if isinstance(above, _Above):
-                    above.inherit(head, ctx)
+                    gap = above.inherit(head, ctx)
                 else:
-                    _inherit(head, above(), ctx)
+                    gap = _inherit(head, above(), ctx)
+                self._stated_above(head, path, line_no, gap)
             if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
-                _own_stamp(head, m.groupdict().get(pat.stamp_field), ctx)
+                # A report's field (kubectl describe's "Finished:") dates its record above it, not the
+                # lines below: only a log line's stated time bounds what follows it.
+                if _own_stamp(head, m.groupdict().get(pat.stamp_field), ctx) and not pat.dates_above:
+                    self._note_stated(path, line_no, head.stamp)
             return self._event(found, head, path, source, file_host, line_no, text, damaged,
                                above.events if isinstance(above, _Above) else None)
         if damaged:
@@ -300,6 +321,40 @@ class Extractor:
                       fields={"reason": "line too long" if truncated else "invalid UTF-8"},
                       signature="\x1f".join(("unparsed", path)))
         return None
+
+    def _set_scope(self, path: str, pat: Pattern, fields: dict[str, Any]) -> None:
+        """What this line says of the lines below it in its file (``Pattern.scope``): the host they
+        are on, the object (pod) they are about; a key whose field is empty or unnamed clears it."""
+        scope = dict(self._scopes.get(path) or {})
+        for key, name in pat.scope.items():
+            value = fields.get(name) if name else None
+            value = str(value) if value not in (None, "") else None
+            if key == "pod":
+                scope["object"], scope["host"] = value, self.hosts.pod_node(value)
+            elif key == "host":
+                scope["host"] = self.hosts.node(value)
+            else:
+                scope[key] = value
+        if len(self._scopes) >= 4096 and path not in self._scopes:
+            self._scopes.clear()
+        self._scopes[path] = scope
+
+    def _note_stated(self, path: str, line_no: int, stamp) -> None:
+        """A line that states its own time (slurmstepd's 'CANCELLED AT ...') is a stamped line for
+        the lines below it, as a stamp prefix is: remembered per file (lines are read in order)."""
+        if len(self._stated) >= 4096 and path not in self._stated:
+            self._stated.clear()
+        self._stated[path] = (line_no, stamp)
+
+    def _stated_above(self, head: Head, path: str, line_no: int, gap: int | None) -> None:
+        """An unstamped line inherits from the nearest stamped line above: a stated time nearer than
+        the stamp prefix found (``gap`` lines up, None: none within the look-back) is that line."""
+        stated = self._stated.get(path)
+        if stated is None:
+            return
+        at, stamp = stated
+        if 0 < line_no - at <= LOOKBACK and (gap is None or line_no - at < gap):
+            head.stamp, head.quality = stamp, "inherited"
 
     def _match(self, candidates: _Candidates, message: str) -> _Found | None:
         """The first of the candidates (priority order) whose regex matches ``message``: the pattern,
@@ -353,10 +408,19 @@ class Extractor:
         by_block = False
         if pat.host_field and fields.get(pat.host_field):
             host = self.hosts.node(str(fields[pat.host_field]))
+        if host is None and pat.pod_field and fields.get(pat.pod_field):
+            host = self.hosts.pod_node(str(fields[pat.pod_field]))
         if host is None and source in ("syslog", "fabricmanager"):
             host = file_host
         if host is None and head.host:
             host = self.hosts.node(head.host)
+        scope = self._scopes.get(path)
+        if scope:
+            # A report's lines (kubectl describe) are about its object, on its node.
+            if host is None:
+                host = scope.get("host")
+            if scope.get("object") and fields.get("object") is None:
+                fields["object"] = scope["object"]
         if host is None and file_host:
             host = file_host
         if host is None:
@@ -484,27 +548,30 @@ def _typed(typ: Any, value: str) -> Any:
     return out
 
 
-def _own_stamp(head: Head, text: str | None, ctx: StampContext) -> None:
-    """A line that states its own time (slurmstepd's 'CANCELLED AT ...') is placed by it."""
-    stamp = parse_iso(text, ctx.zone) if text else None
+def _own_stamp(head: Head, text: str | None, ctx: StampContext) -> bool:
+    """A line that states its own time (slurmstepd's 'CANCELLED AT ...', kubectl describe's
+    'Finished: Fri, 15 Sep 2023 09:56:17 +0200') is placed by it. True when it was read."""
+    stamp = (parse_iso(text, ctx.zone) or parse_rfc1123z(text)) if text else None
     if stamp is not None:
         head.stamp, head.quality = stamp, "exact"
+    return stamp is not None
 
 
-def _inherit(head: Head, lines_above: Iterator[str], ctx: StampContext) -> None:
+def _inherit(head: Head, lines_above: Iterator[str], ctx: StampContext) -> int | None:
     """Take the stamp of the nearest stamped line above, whatever rank wrote it.
 
     A merged stdout (srun --label) interleaves ranks in about real time, so the
     nearest stamped line is the best bound; the same rank's last stamp may be
     minutes older (a rank that hangs prints nothing until its error).
     """
-    for text in lines_above:
+    for k, text in enumerate(lines_above, start=1):
         if not _HAS_TIME.search(text, 0, 96):        # cheap test before a full prefix read
             continue
         other = read_head(text, ctx)
         if other.stamp is not None:
             head.stamp, head.quality = other.stamp, "inherited"
-            return
+            return k                                  # how many lines up (the lines above are consecutive)
+    return None
 
 
 class _Above:
@@ -521,7 +588,8 @@ class _Above:
         self.block, self.start, self.tail, self.line_no, self.memo = block, start, tail, line_no, memo
         self.events = events            # where the block's events go: repeats are folded in (Extractor._event)
 
-    def inherit(self, head: Head, ctx: StampContext) -> None:
+    def inherit(self, head: Head, ctx: StampContext) -> int | None:
+        """Take the stamp of the nearest stamped line above; how many lines up it is (None: none)."""
         # memo: (line inherited for, stamp found, line the stamp came from)
         prev = self.memo.get("last")
         n = self.line_no
@@ -542,6 +610,7 @@ class _Above:
                 head.stamp, head.quality, source = other.stamp, "inherited", n
                 break
         self.memo["last"] = (self.line_no, head.stamp, source)
+        return None if source is None else self.line_no - source
 
 
 def _lines_above(block: bytes, start: int, tail: list[bytes] | None) -> Iterator[bytes]:

@@ -72,6 +72,16 @@ class FinalContext:
     coverage_of: dict[int, float] = field(default_factory=dict)
     fault_of: dict[int, Ev] = field(default_factory=dict)      # id(report) -> the report it was folded into
     _workload_timeout: float | None = None
+    _children: tuple[int, dict[int, list[Ev]]] | None = None    # (edges seen, id(source) -> targets)
+
+    def children(self) -> dict[int, list[Ev]]:
+        """id(source) -> the events it explains. Edges are only ever appended: the map is extended
+        with the new ones, not rebuilt for every root a FINAL rule asks about."""
+        seen, by_source = self._children or (0, defaultdict(list))
+        for e in self.edges[seen:]:
+            by_source[id(e.source)].append(e.target)
+        self._children = (len(self.edges), by_source)
+        return by_source
 
     # ------------------------------------------------------------ views
     def by_role(self, role: str) -> list[Ev]:
@@ -332,9 +342,7 @@ class _TargetPool:
 
 def reachable(ctx: FinalContext, root: Ev) -> list[Ev]:
     """Every event explained by ``root``, directly or through roots it explains."""
-    children: dict[int, list[Ev]] = defaultdict(list)
-    for e in ctx.edges:
-        children[id(e.source)].append(e.target)
+    children = ctx.children()
     out: list[Ev] = []
     seen = {id(root)}
     stack = [root]

@@ -24,13 +24,13 @@ from firstfault.schemas import WorkloadRecord
 
 from .bundle import (
     MAX_WORKLOAD_BYTES, Bundle, BundleFile, _file_chunks, archive_cap_from_env, archive_kind, open_archive, open_bundle, parse_workload,
-    read_workload, walk_files,
+    read_workload, read_workload_bytes, walk_files,
 )
 from .errors import BundleError
 from .jsonsafe import load_json
 from .extract import _whole_lines, source_of
 from .prefixes import StampContext, read_head
-from .stamps import MONTHS, parse_iso, plausible, with_year
+from .stamps import MONTHS, parse_iso, parse_rfc1123z, plausible, with_year
 
 SNIFF_LINES = 400                  # lines read to decide a file's source
 SCAN_LINES = 200_000               # lines read per file to infer hosts, ranks and the window
@@ -66,6 +66,11 @@ _NCCL_INIT = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<rank>\d+) nranks \
 _NCCL_BOOT = re.compile(r"NCCL INFO (?:Bootstrap : Using|NET/Socket : Using|NET/IB : Using) .{0,256}?\b(?:\w+):(?P<ip>\d+\.\d+\.\d+\.\d+)")
 # A shell prompt the user pasted with the output: "root@node1:~# dmesg -T", "(venv) user@gpu-3:~/x$ ..."
 _PROMPT = re.compile(r"^(?:\([\w.-]+\) )?[\w.-]+@(?P<host>[A-Za-z][\w.-]*):\S*[#$] ")
+# kubectl describe pod (kubernetes/kubectl pkg/describe/describe.go describePod): "Name:\t<pod>" opens the
+# report, "Node:\t<nodeName>/<hostIP>" names where the pod ran (the catalog's k8s.describe_name and
+# k8s.describe_node read the same lines for the extraction; here they give the inventory its nodes and pods).
+_DESCRIBE_NAME = re.compile(r"^Name:\s+(?P<name>[a-z0-9][a-z0-9.-]*)\s*$")
+_DESCRIBE_NODE = re.compile(r"^Node:\s+(?P<node>[A-Za-z0-9][\w.-]*)/[0-9A-Fa-f.:]*\s*$")
 _NOT_HOSTS = {"localhost", "kernel", "user", "root", "unknown", "(none)", "none"}
 # What a user pastes with kernel lines that is not the application's: "...", "[...]", journalctl's
 # "-- Boot 5c1b... --" and "-- Logs begin at ... --" markers.
@@ -79,7 +84,10 @@ _YEARLESS = re.compile(r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [
 _DATED = re.compile(
     r"(?<![\d.:-])(?P<iso>(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])[T ](?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d)(?![\d:])"
     r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (?P<day>[ \d]?\d) "
-    r"(?P<hms>\d\d:\d\d:\d\d)(?: [A-Z]{2,5})? (?P<year>(?:19|20)\d\d)\b")
+    r"(?P<hms>\d\d:\d\d:\d\d)(?: [A-Z]{2,5})? (?P<year>(?:19|20)\d\d)\b"
+    # kubectl describe's times (Go's RFC1123Z): "Start Time:  Fri, 15 Sep 2023 09:40:02 +0200"
+    r"|\b(?P<rfc>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
+    r"(?:19|20)\d\d \d\d:\d\d:\d\d [+-]\d{4})(?!\d)")
 _DATED_HINT = re.compile(r"(?:19|20)\d\d")      # cheap test before _DATED
 
 
@@ -256,8 +264,9 @@ def _with_nodes(intake: Intake, facts: _Facts | None = None) -> Intake:
     if not hosts:
         return intake                       # nothing to infer: the record as it is
     ranks = dict(wl.ranks) or {r: h for r, h in sorted(facts.ranks.items()) if h in facts.hosts}
+    pods = dict(wl.pods) or {p: h for p, h in sorted(facts.pods.items()) if h in facts.hosts}
     try:
-        filled = parse_workload({**wl.model_dump(), "nodes": hosts, "ranks": ranks})
+        filled = parse_workload({**wl.model_dump(), "nodes": hosts, "ranks": ranks, "pods": pods})
     except BundleError:
         return intake                       # e.g. more GPUs than a record may have: as it is
     how = "; ".join(f"{h} from {facts.host_origin[h]}" for h in hosts if h in facts.host_origin)
@@ -330,6 +339,7 @@ class _Facts:
     host_origin: dict[str, str] = field(default_factory=dict)
     ranks: dict[int, str] = field(default_factory=dict)
     ip_hosts: dict[str, str] = field(default_factory=dict)
+    pods: dict[str, str] = field(default_factory=dict)     # pod -> node (kubectl describe pod)
     first: datetime | None = None
     last: datetime | None = None
     dated: datetime | None = None          # the earliest full date any line states (no stamp prefix at all)
@@ -435,7 +445,15 @@ def _place_years(facts: _Facts, times: list[_FileTimes], start: datetime | None,
 def _read_lines(facts: _Facts, lines: list[tuple[str, str]], ft: _FileTimes, zone: tzinfo = timezone.utc) -> None:
     ctx = StampContext(zone=zone, anchor=_PROBE)
     block_rank: int | None = None
+    pod: str | None = None                  # the pod a kubectl describe report above is about
     for src, text in lines:
+        if text[:5] in ("Name:", "Node:"):
+            m = _DESCRIBE_NAME.match(text)
+            if m:
+                pod = m["name"]
+            m = _DESCRIBE_NODE.match(text)
+            if m and _note_host(facts, m["node"], "kubectl describe pod's Node: line") and pod:
+                facts.pods.setdefault(pod, m["node"])
         head = read_head(text, ctx)
         if head.stamp is not None and head.quality == "exact":
             ft.note_full(head.stamp, prefix=True)
@@ -480,6 +498,8 @@ def _dated(text: str, zone: tzinfo = timezone.utc) -> datetime | None:
         return None
     if m["iso"]:
         return parse_iso(m["iso"], zone)
+    if m["rfc"]:
+        return parse_rfc1123z(m["rfc"])
     try:
         hh, mi, ss = (int(x) for x in m["hms"].split(":"))
         local = datetime(int(m["year"]), MONTHS[m["mon"]], int(m["day"]), hh, mi, ss, tzinfo=zone)
@@ -500,7 +520,7 @@ def _partial_record(root: Path) -> dict | None:
     try:
         if path.stat().st_size > MAX_WORKLOAD_BYTES:
             return None                    # read_workload refuses it, naming the size
-        raw = load_json(path.read_bytes(), "workload.json")
+        raw = load_json(read_workload_bytes(path), "workload.json")     # a regular file of the bundle's own
     except (BundleError, OSError):
         return None                        # parse_workload says what is wrong with it
     if not isinstance(raw, dict) or all(_given(k, raw.get(k)) for k in REQUIRED):
@@ -523,6 +543,7 @@ def _short_names(facts: _Facts) -> None:
         if short != name and short in facts.hosts and not name.replace(".", "").isdigit():
             facts.hosts[short] += facts.hosts.pop(name)
             facts.ranks = {r: (short if h == name else h) for r, h in facts.ranks.items()}
+            facts.pods = {p: (short if h == name else h) for p, h in facts.pods.items()}
             facts.ip_hosts = {ip: (short if h == name else h) for ip, h in facts.ip_hosts.items()}
 
 
@@ -533,7 +554,8 @@ def _infer_workload(name: str, facts: _Facts, partial: dict | None = None) -> tu
     record = {"workload_id": name[:256] or "input", "state": "UNKNOWN", "scheduler": "unknown",
               "start_time": facts.first or facts.dated or facts.undated_start(),
               "end_time": facts.last,
-              "nodes": hosts, "ranks": {r: h for r, h in sorted(facts.ranks.items()) if h in facts.hosts}}
+              "nodes": hosts, "ranks": {r: h for r, h in sorted(facts.ranks.items()) if h in facts.hosts},
+              "pods": {p: h for p, h in sorted(facts.pods.items()) if h in facts.hosts}}
     record.update(given)
     origin = "workload.json" if partial is not None else "the inferred workload"
     try:
@@ -549,7 +571,8 @@ def _infer_workload(name: str, facts: _Facts, partial: dict | None = None) -> tu
     head = (f"workload.json lacks {', '.join(missing)}: inferred from the lines; " if partial is not None
             else "no workload.json: ")
     window = ("; time window from the first and last stamped lines" if facts.first
-              else "; no stamped line: order from line positions only")
+              else "; no stamped line: the start from the first date a line states, order from line positions"
+              if facts.dated else "; no stamped line: order from line positions only")
     notes = [{"kind": "workload", "hosts": hosts, "ranks": sorted(wl.ranks),
               "detail": head + ("state unknown; " if "state" not in given else "")
                         + ("nodes from workload.json" if "nodes" in given else

@@ -21,15 +21,39 @@ catalog's relations (explains, same fault, refines), and specificity. Pure funct
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .model import Ev
 
 if TYPE_CHECKING:                       # the context is only read here
     from .final import FinalContext
 
+T = TypeVar("T", str, datetime)            # an ISO-8601 UTC text (they sort as times) or a datetime
+
 POINT = ("exact", "no_year", "uptime")     # stamp qualities that place a line in time
 LOWER_BOUND = ("inherited",)               # the line was written at or after this time
+# How a time is known, in the diagnosis (root_cause.time_basis, symptoms[].first_basis).
+TIME_BASIS = {"exact": "stamped", "no_year": "stamped", "uptime": "uptime", "inherited": "inherited"}
+AT_LEAST = "≥"                             # how every surface marks a lower bound
+
+
+def basis_of(quality: str) -> str:
+    """A stamp quality as the diagnosis names it: stamped, uptime, inherited, else line_order."""
+    return TIME_BASIS.get(quality, "line_order")
+
+
+def shown_at(first: T | None, basis: str | None, explained: bool, cause_at: T | None) -> T | None:
+    """Where a symptom group sits on a timeline of its diagnosis (the JSON's order, the summary, the page).
+
+    A time of its own is a point and stays where it is. A lower bound (``inherited``: the stamped
+    line above) says only "at or after"; the group's explains edge says it came after its cause,
+    so an explained group whose bound lies before its cause (or that has no time) sits at the
+    cause, after it: never before the root it echoes. Unexplained bounds stay at their bound."""
+    if not explained or cause_at is None:
+        return first
+    if first is None or (basis == "inherited" and first < cause_at):
+        return cause_at
+    return first
 
 
 def placed(ev: Ev) -> bool:

@@ -8,6 +8,7 @@ horizon arithmetic would overflow, and no training job logged then.
 """
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone, tzinfo
 from functools import lru_cache
 
@@ -81,6 +82,25 @@ def parse_iso(text: str, zone: tzinfo) -> datetime | None:
             value = value.replace(tzinfo=zone)
         # 9999-12-31T23:00-05:00 is past datetime.max in UTC: OverflowError, not a stamp.
         return plausible(value.astimezone(timezone.utc))
+    except (ValueError, OverflowError):
+        return None
+
+
+_RFC1123Z = re.compile(r"(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), )?(\d{1,2}) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
+                       r"(\d{4}) (\d\d):(\d\d):(\d\d) ([+-])(\d\d)(\d\d)$")
+
+
+def parse_rfc1123z(text: str) -> datetime | None:
+    """Go's time.RFC1123Z, as kubectl describe prints every time ('Fri, 15 Sep 2023 09:56:17 +0200'),
+    in UTC; None for anything else."""
+    m = _RFC1123Z.match(text.strip())
+    if m is None:
+        return None
+    day, mon, year, hh, mi, ss, sign, oh, om = m.groups()
+    try:
+        zone = timezone((-1 if sign == "-" else 1) * timedelta(hours=int(oh), minutes=int(om)))
+        return plausible(datetime(int(year), MONTHS[mon], int(day), int(hh), int(mi), int(ss), tzinfo=zone)
+                         .astimezone(timezone.utc))
     except (ValueError, OverflowError):
         return None
 

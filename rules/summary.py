@@ -85,14 +85,14 @@ def _why_first(ctx: FinalContext, n_sym: int) -> str:
         why = "It is the only cause in the lines, and no stamped line contradicts it"
     elif chosen[0].quality == "inherited":
         why = (f"Its line has no stamp of its own (it follows the stamped line above), it comes before the "
-               f"echoes in its file, and it explains {_pct(ctx.coverage)} of the {n_sym} symptom lines") if n_sym else \
+               f"echoes in its file, and it explains {_pct(ctx.coverage)} of the {n_sym:,} symptom lines") if n_sym else \
               "Its line has no stamp of its own, and nothing stamped contradicts it"
     elif not placed(chosen[0]):
         why = (f"It has no time of its own; it comes before the echoes in its file and explains "
-               f"{_pct(ctx.coverage)} of the {n_sym} symptom lines") if n_sym else \
+               f"{_pct(ctx.coverage)} of the {n_sym:,} symptom lines") if n_sym else \
               "It has no time of its own, and nothing stamped contradicts it"
     elif n_sym:
-        why = f"It is the earliest cause, and it explains {_pct(ctx.coverage)} of the {n_sym} symptom lines after it"
+        why = f"It is the earliest cause, and it explains {_pct(ctx.coverage)} of the {n_sym:,} symptom lines after it"
     else:
         why = "It is the earliest cause in the lines"
     if folded:
@@ -157,3 +157,27 @@ def _spans(ranks: list[int]) -> str:
         else:
             out.append(str(r))
     return ", ".join(out)
+
+
+def coverage_phrase(status: str, coverage: float, symptoms: list[Any]) -> str | None:
+    """The coverage line as the CLI and the page say it (None: nothing to say, the workload completed).
+    ``symptom_coverage`` is the cause's share; with no proven cause (unattributed) the lines' own
+    ``explained`` marks say it, and with no symptom lines there is no share to give."""
+    if status == "no_failure":
+        return None
+    total = sum(s.count for s in symptoms)
+    if not total:
+        return "no symptom lines"
+    lines = f"{total:,} symptom line{'' if total == 1 else 's'}"
+    if status == "unattributed":
+        explained = sum(s.count for s in symptoms if s.explained)
+        if explained:
+            return f"no cause proven; {explained:,} of {lines} explained"
+        return ("no cause proven, so its 1 symptom line is unexplained" if total == 1 else
+                f"no cause proven, so none of its {lines} is explained")
+    return f"{percent(coverage)} of {lines} explained"
+
+
+def inferred_record(missing_evidence: list[Any]) -> bool:
+    """The input had no workload.json (a bare file or folder): references to it name no file."""
+    return any(m.kind == "workload" and m.detail.startswith("no workload.json") for m in missing_evidence)

@@ -47,6 +47,8 @@ class Symptom(BaseModel):
     last: str | None
     sample: Ref
     explained: bool = Field(description="a causal edge from the root cause covers it")
+    first_basis: str | None = Field(default=None, description="how first is known: stamped | uptime | inherited (a "
+                                    "lower bound: its line has no stamp, the stamped line above); null when first is")
 
 
 class EvidenceStep(BaseModel):

@@ -17,6 +17,7 @@ ls /usr/lib/*/rsyslog/omkafka.so >/dev/null 2>&1 || need+=(rsyslog rsyslog-kafka
 [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] || need+=(slurm-wlm)
 [ -x /usr/sbin/slurmdbd ] || need+=(slurmdbd)
 [ -x /usr/sbin/munged ] || need+=(munge)
+[ -x /usr/sbin/mariadbd ] || need+=(mariadb-server)     # scripts/slurm_one_host.py runs one of its own
 if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${need[*]} (Debian packages) ..."
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}") >/dev/null 2>&1 \

@@ -24,7 +24,8 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Literal
 
@@ -99,12 +100,18 @@ class TopicReader:
 
     def __init__(self, cfg: StreamConfig, topic: str, *, since_ms: int | None = None, until_ms: int | None = None,
                  follow: bool = False, idle_s: float = 2.0, mode: Mode | None = None,
-                 index: OffsetIndex | None = None, on_record: Callable[[int], None] | None = None) -> None:
+                 index: OffsetIndex | None = None, on_record: Callable[[int], None] | None = None,
+                 also: Sequence[str] = (), on_quiet: Callable[[float], None] | None = None) -> None:
+        """``also``: more topics read beside ``topic`` by the same consumer, from the same time (a missing
+        one is skipped); ``on_quiet``: called, in follow mode, with the seconds since the last record
+        whenever a poll brought nothing (the reader has caught up for now)."""
         self.cfg, self.topic = cfg, topic
         self.since_ms, self.until_ms = since_ms, until_ms
         self.follow, self.idle_s = follow, idle_s
         self.index = index
         self.on_record = on_record
+        self.also = tuple(also)
+        self.on_quiet = on_quiet
         self.read = 0            # messages fetched, before any filtering
         self._stop = False
         from . import kafka
@@ -117,26 +124,28 @@ class TopicReader:
     def stop(self) -> None:
         self._stop = True
 
-    def partitions(self, wait: bool = False) -> list[int]:
+    def partitions(self, wait: bool = False, topic: str | None = None) -> list[int]:
+        topic = topic or self.topic
         while True:
-            meta = self.consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            meta = self.consumer.list_topics(topic, timeout=10).topics.get(topic)
             if meta is not None and meta.error is None and meta.partitions:
                 return sorted(meta.partitions)
             if not wait or self._stop:
                 return []
             time.sleep(1.0)
 
-    def start_offsets(self, parts: list[int]) -> dict[int, int]:
+    def start_offsets(self, parts: list[int], topic: str | None = None) -> dict[int, int]:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
+        topic = topic or self.topic
         if self.since_ms is None:
             return {p: OFFSET_BEGINNING for p in parts}
         if self.mode == "offsets":
-            found = self.consumer.offsets_for_times([TopicPartition(self.topic, p, self.since_ms) for p in parts],
+            found = self.consumer.offsets_for_times([TopicPartition(topic, p, self.since_ms) for p in parts],
                                                     timeout=10)
             # -1: nothing stamped at or after `since` in that partition yet.
             return {tp.partition: (tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found}
-        noted = self.index.start_offsets(self.topic, self.since_ms) if self.index else {}
+        noted = self.index.start_offsets(topic, self.since_ms) if self.index else {}
         return {p: noted.get(p, 0) for p in parts}
 
     def __iter__(self) -> Iterator[Message]:
@@ -145,9 +154,18 @@ class TopicReader:
         parts = self.partitions(wait=self.follow)
         if not parts:
             return
-        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.start_offsets(parts).items()])
-        eof: set[int] = set()            # at the end (offsets mode only)
-        past: set[int] = set()           # past `until`: paused for good
+        every = [(self.topic, p) for p in parts]
+        assign = [TopicPartition(self.topic, p, o) for p, o in self.start_offsets(parts).items()]
+        missing = []
+        for other in self.also:
+            more = self.partitions(topic=other)
+            missing += [] if more else [other]
+            every += [(other, p) for p in more]
+            assign += [TopicPartition(other, p, o) for p, o in self.start_offsets(more, other).items()]
+        self.consumer.assign(assign)
+        look_again = time.monotonic() + 2.0
+        eof: set[tuple[str, int]] = set()      # at the end (offsets mode only)
+        past: set[tuple[str, int]] = set()     # past `until`: paused for good
         stop_after = self.until_ms + SKEW_MS if self.until_ms is not None else None
         # Kafka mode ends on EOF; the idle limit there only guards against a partition that never answers.
         idle = self.idle_s if self.mode == "scan" else max(10.0, 5 * self.idle_s)
@@ -156,14 +174,25 @@ class TopicReader:
             while not self._stop:
                 msgs = self.consumer.consume(num_messages=1000, timeout=0.2)
                 now = time.monotonic()
+                if not msgs and self.follow and self.on_quiet is not None:
+                    self.on_quiet(now - last)
+                if missing and self.follow and now >= look_again:
+                    # Followed, a topic created after we started (the pipeline came up later) is read too.
+                    look_again = now + 2.0
+                    for other in list(missing):
+                        if more := self.partitions(topic=other):
+                            missing.remove(other)
+                            self.consumer.incremental_assign([TopicPartition(other, p, o) for p, o in
+                                                              self.start_offsets(more, other).items()])
                 for m in msgs:
                     err = m.error()
+                    where = (m.topic(), m.partition())
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
                             if self.mode == "offsets":
-                                eof.add(m.partition())
+                                eof.add(where)
                         else:
-                            print(f"firstfault: {self.topic}: {err}", file=sys.stderr)
+                            print(f"firstfault: {m.topic() or self.topic}: {err}", file=sys.stderr)
                         continue
                     last = now
                     self.read += 1
@@ -175,14 +204,14 @@ class TopicReader:
                         continue
                     if ts is not None and self.until_ms is not None and ts >= self.until_ms:
                         if not self.follow and stop_after is not None and ts > stop_after:
-                            past.add(m.partition())
-                            self.consumer.pause([TopicPartition(self.topic, m.partition())])
+                            past.add(where)
+                            self.consumer.pause([TopicPartition(*where)])
                         continue
-                    eof.discard(m.partition())
+                    eof.discard(where)
                     yield m
                 if self.follow:
                     continue
-                if len(eof | past) >= len(parts) or now - last >= idle:
+                if len(eof | past) >= len(every) or now - last >= idle:
                     return
         finally:
             self.consumer.close()
@@ -203,17 +232,27 @@ def decode_diagnosis(value: bytes | None) -> Diagnosis | None:
     return rec if isinstance(rec, Diagnosis) else None
 
 
-def summary_line(d: Diagnosis, published_ms: int | None = None) -> str:
-    """One readable line: when, which attempt, which revision, the verdict and whom it blames."""
+def summary_line(d: Diagnosis, published_ms: int | None = None, width: int | None = None) -> str:
+    """One readable line: when, which attempt, which revision, the verdict, whom it blames, the
+    recovery action and the one-line cause; cut to ``width`` (with an ellipsis) when given."""
     rev = "-" if d.revision is None else str(d.revision)
     phase = "provisional" if d.provisional else ("final" if d.revision is not None else "offline")  # replay, analyze
     where = f"{d.domain}/{d.sub_domain}"
     blame = node_blame(d.domain, d.responsible_nodes)
     if d.suspect_nodes:
         blame += f"  suspect {','.join(d.suspect_nodes)}"
+    recovery = d.recovery.action + (f" {','.join(d.recovery.nodes)}" if d.recovery.nodes else "")
     stamp = f"{iso_ms(published_ms)}  " if published_ms else ""
-    return (f"{stamp}{d.workload_id}#{d.attempt}  rev {rev} {phase:<11}  {d.status.upper():<12}  "
-            f"{where:<40}  {blame}")
+    line = (f"{stamp}{d.workload_id}#{d.attempt}  rev {rev} {phase:<11}  {d.status.upper():<12}  "
+            f"{where:<40}  {blame}  recovery {recovery}  {cause_text(d)}")
+    return cut(line, width)
+
+
+def cut(line: str, width: int | None) -> str:
+    """``line`` in at most ``width`` columns, an ellipsis where it was cut (None: whole)."""
+    if width is not None and len(line) > width:
+        return line[:max(width - 1, 0)] + "\u2026"
+    return line
 
 
 def revision_order(d: Diagnosis) -> int:
@@ -267,13 +306,163 @@ def latest_table(items: list[tuple[Diagnosis, int | None]], width: int | None = 
     rows = [(d.workload_id, str(d.attempt), d.status + ("*" if d.provisional else ""), d.sub_domain, _nodes(d),
              d.recovery.action, cause_text(d)) for d, _ in items]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    out = []
-    for row in [(*header, "CAUSE"), *rows]:
-        line = "  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[-1]
-        if width is not None and len(line) > width:
-            line = line[:max(width - 1, 0)] + "…"
-        out.append(line)
-    return out
+    return [cut("  ".join(v.ljust(w) for v, w in zip(row, widths)) + "  " + row[-1], width)
+            for row in [(*header, "CAUSE"), *rows]]
+
+
+# ---------------------------------------------------------------- attempts still open
+@dataclass
+class Attempt:
+    """A workload attempt the scheduler topic announced, and what the diagnoses topic said of it."""
+
+    workload_id: str
+    attempt: int
+    nodes: int = 0
+    started_ms: int | None = None      # the start record's timestamp
+    ended_ms: int | None = None        # the end record's timestamp: the correlator's grace runs from about then
+    final: bool = False                # a final (not provisional) diagnosis was read
+    provisional: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload_id}#{self.attempt}"
+
+
+@dataclass(frozen=True)
+class Timings:
+    """How long the correlator waits (StreamConfig), as the running pipeline has them where known."""
+
+    grace_cap_s: float
+    watermark_wait_s: float
+    lateness_s: float
+
+
+def timings(cfg: StreamConfig, run: tuple | None = None) -> Timings:
+    """The running `up`'s waits (its run file), else this environment's."""
+    got = {"grace_cap_s": cfg.grace_cap_s, "watermark_wait_s": cfg.watermark_wait_s, "lateness_s": cfg.lateness_s}
+    if run is not None:
+        from . import runfile
+
+        info = runfile.lookup(run[0]).info
+        if info is not None:
+            got.update({k: v for k, v in info.timings.items() if k in got})
+    return Timings(**got)
+
+
+def _age(ms: float) -> str:
+    s = max(ms, 0) / 1000
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s / 3600:.0f} h"
+    return f"{s / 86400:.0f} d"
+
+
+class OpenAttempts:
+    """Which attempts have no final diagnosis yet, and why, from the scheduler and diagnoses topics:
+    what ``diagnoses`` says while the correlator waits (its grace, the extractors) instead of nothing."""
+
+    SHOWN = 10
+
+    def __init__(self, timings: Timings) -> None:
+        self.timings = timings
+        self.by_key: dict[tuple[str, int], Attempt] = {}
+        self.fresh: set[tuple[str, int]] = set()      # changed since the last look (follow mode)
+
+    def _get(self, wid: str, attempt: int) -> Attempt:
+        return self.by_key.setdefault((wid, attempt), Attempt(wid, attempt))
+
+    def scheduler(self, value: bytes | None, ts_ms: int | None) -> None:
+        from firstfault.rules.errors import RecordError
+
+        from .codecs import decode_scheduler
+
+        try:
+            ev = decode_scheduler(value)
+        except RecordError:          # not a scheduler event: nothing to say about it here
+            return
+        wl = ev.workload
+        a = self._get(wl.workload_id, wl.attempt)
+        a.nodes = len(wl.nodes) or a.nodes
+        if ev.type == "start":
+            a.started_ms = ts_ms if ts_ms is not None else int(ev.ts.timestamp() * 1000)
+        else:
+            a.ended_ms = ts_ms if ts_ms is not None else int(ev.ts.timestamp() * 1000)
+        self.fresh.add((wl.workload_id, wl.attempt))
+
+    def diagnosis(self, d: Diagnosis) -> None:
+        a = self._get(d.workload_id, d.attempt)
+        if d.provisional:
+            a.provisional = True
+        else:
+            a.final = True
+
+    def open(self, keys: set[tuple[str, int]] | None = None) -> list[Attempt]:
+        """Announced, not finally diagnosed: ended ones first, then running ones, newest first."""
+        found = [a for k, a in self.by_key.items() if not a.final and (a.started_ms or a.ended_ms)
+                 and (keys is None or k in keys)]
+        return sorted(found, key=lambda a: (a.ended_ms is None, -(a.ended_ms or a.started_ms or 0), a.name))
+
+    def describe(self, a: Attempt, now_ms: int) -> str:
+        t = self.timings
+        if a.ended_ms is not None:
+            ago = now_ms - a.ended_ms
+            left = a.ended_ms + t.grace_cap_s * 1000 - now_ms
+            if left > 0:
+                why = (f"final diagnosis in about {_age(left)} (the correlator's grace period for late lines, "
+                       f"FIRSTFAULT_GRACE_CAP_S={t.grace_cap_s:g})")
+            elif ago < (t.grace_cap_s + t.watermark_wait_s) * 1000:
+                why = "final diagnosis due: the correlator waits for the extractors to read every line shipped before its end"
+            elif ago < t.lateness_s * 1000:
+                why = ("no final diagnosis yet: the extractors are behind (a provisional diagnosis names the "
+                       f"partitions); the final comes within {_age(t.lateness_s * 1000)} of the end")
+            else:
+                why = "no final diagnosis was published for it (was the pipeline down?)"
+            return f"waiting  {a.name}  ended {_age(ago)} ago; {why}"
+        nodes = f" on {a.nodes} node{'s' if a.nodes != 1 else ''}" if a.nodes else ""
+        shown = "; a provisional diagnosis is listed" if a.provisional else ""
+        return (f"running  {a.name}  started {_age(now_ms - (a.started_ms or now_ms))} ago{nodes}, no end event yet: "
+                f"diagnosed once it ends (at once, provisionally, if a root cause shows){shown}")
+
+    def lines(self, now_ms: int, keys: set[tuple[str, int]] | None = None) -> list[str]:
+        found = self.open(keys)
+        out = [self.describe(a, now_ms) for a in found[:self.SHOWN]]
+        if len(found) > self.SHOWN:
+            out.append(f"... and {len(found) - self.SHOWN} more attempts without a final diagnosis")
+        return out
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+class _Notes:
+    """Lines about attempts with no final diagnosis yet, on stderr (escaped: the ids come from the data).
+    In follow mode: once the reader first caught up, every open attempt; then each attempt whose start
+    or end event just arrived, so a shipped job is never silent while the correlator waits."""
+
+    def __init__(self, attempts: OpenAttempts, catch_up_s: float) -> None:
+        self.attempts, self.catch_up_s = attempts, catch_up_s
+        self.caught_up = False
+
+    def say(self, lines: list[str]) -> None:
+        from firstfault.term import printable
+
+        for line in lines:
+            print(printable(line), file=sys.stderr, flush=True)
+
+    def quiet(self, quiet_s: float) -> None:
+        now_ms = int(time.time() * 1000)
+        if not self.caught_up:
+            if quiet_s < self.catch_up_s:
+                return
+            self.caught_up = True
+            self.say(self.attempts.lines(now_ms))
+        elif self.attempts.fresh:
+            self.say(self.attempts.lines(now_ms, self.attempts.fresh))
+        self.attempts.fresh.clear()
 
 
 def cmd_diagnoses(args: argparse.Namespace) -> int:
@@ -285,30 +474,45 @@ def cmd_diagnoses(args: argparse.Namespace) -> int:
     from firstfault.connectors.sinks.offset_index import OffsetIndex
 
     topic = cfg.topics.get(args.topic, args.topic)
+    # For a person (not --json) reading the live diagnoses: the scheduler topic too, to say which
+    # attempts have no final diagnosis yet and why (the grace period, the extractors), not nothing.
+    scheduler = cfg.topic("scheduler") if not args.json and topic == cfg.topic("diagnoses") else None
+    attempts = OpenAttempts(timings(cfg, getattr(args, "up_run", None)))
+    notes = _Notes(attempts, catch_up_s=min(args.idle, 1.0))
     index = OffsetIndex.for_config(cfg) if cfg.redis_url else None
-    reader = TopicReader(cfg, topic, since_ms=args.since, follow=args.follow, idle_s=args.idle, index=index)
-    if not reader.follow and not reader.partitions():
-        reader.consumer.close()
-        print(f"firstfault: topic {topic} does not exist (is the pipeline up?)", file=sys.stderr)
-        return 0
+    reader = TopicReader(cfg, topic, since_ms=args.since, follow=args.follow, idle_s=args.idle, index=index,
+                         also=(scheduler,) if scheduler else (), on_quiet=notes.quiet if scheduler else None)
+    if not reader.partitions():
+        if reader.follow:              # it waits for the topic: say so, not nothing
+            print(f"firstfault: topic {topic} does not exist yet: waiting for it (is the pipeline up?)",
+                  file=sys.stderr, flush=True)
+        else:
+            reader.consumer.close()
+            print(f"firstfault: topic {topic} does not exist (is the pipeline up?)", file=sys.stderr)
+            return 0
     every = args.all or args.follow or args.json        # else: the latest per attempt, once the topic is read
+    width = None if args.json else _width(sys.stdout)
     kept: list[tuple[Diagnosis, int | None]] = []
     skipped = 0
     try:
         for m in reader:
+            ts_type, ts = m.timestamp()
+            ts = ts if ts_type else None
+            if scheduler is not None and m.topic() == scheduler:
+                attempts.scheduler(m.value(), ts)
+                continue
             d = decode_diagnosis(m.value())
             if d is None:
                 skipped += 1
                 continue
-            ts_type, ts = m.timestamp()
-            ts = ts if ts_type else None
+            attempts.diagnosis(d)
             if not every:
                 kept.append((d, ts))
                 continue
             if args.json:
                 line = json.dumps(d.to_dict(), sort_keys=True, ensure_ascii=False)
             else:
-                line = summary_line(d, ts)
+                line = summary_line(d, ts, width)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
     except KeyboardInterrupt:
@@ -316,16 +520,18 @@ def cmd_diagnoses(args: argparse.Namespace) -> int:
     if not every:
         latest = latest_per_attempt(kept)
         if latest:
-            sys.stdout.write("\n".join(latest_table(latest, _width(sys.stdout))) + "\n")
+            sys.stdout.write("\n".join(latest_table(latest, width)) + "\n")
             sys.stdout.flush()          # the table before the note on stderr, on one terminal
-            note = f"{len(latest)} workload attempt(s), {len(kept)} publication(s); --all lists every publication"
+            note = f"{_n(len(latest), 'workload attempt')}, {_n(len(kept), 'publication')}; --all lists every publication"
             if any(d.provisional for d, _ in latest):
                 note += "; * provisional: published before the workload's end event"
             print(note, file=sys.stderr)
         else:
             print(f"firstfault: no diagnoses on {topic} yet", file=sys.stderr)
+    if not args.follow:
+        notes.say(attempts.lines(int(time.time() * 1000)))
     if skipped:
-        print(f"firstfault: skipped {skipped} record(s) on {topic} that are not Avro diagnoses", file=sys.stderr)
+        print(f"firstfault: skipped {_n(skipped, 'record')} on {topic} that are not Avro diagnoses", file=sys.stderr)
     return 0
 
 

@@ -333,20 +333,36 @@ def compare(new: dict[Key, Diagnosis], old: dict[Key, Diagnosis]) -> DiffReport:
 # ---------------------------------------------------------------- the whole run
 def replay(cfg: StreamConfig, window: Window, rules: str | None = None, output_topic: str | None = None,
            with_diff: bool = False, idle_s: float = 2.0, mode: Mode | None = None,
-           emit: Callable[[Diagnosis], None] | None = None, by: Selector = "end-time") -> ReplayReport:
+           emit: Callable[[Diagnosis], None] | None = None, by: Selector = "end-time",
+           say: Callable[[str], None] | None = None) -> ReplayReport:
+    """``say``: one line per step, for a person (firstfault.progress.Steps)."""
     from firstfault.connectors.sinks.offset_index import OffsetIndex
     from firstfault.rules.catalog import load_catalog
     from firstfault.schemas.avro import encode
 
     from . import kafka
 
+    say = say or (lambda _message: None)
     t0 = time.monotonic()
     catalog = load_catalog(rules)
     mode = mode or time_index_mode(cfg)
     index = OffsetIndex.for_config(cfg) if (cfg.redis_url and mode == "scan") else None
     counts = {"scheduler": 0, "scheduler_unreadable": 0, "raw": 0, "raw_unreadable": 0, "diagnoses": 0}
+    which = "ended" if by == "end-time" else "had their end event published"
+    say(f"reading {cfg.topic('scheduler')} for the workload attempts that {which} "
+        f"{iso_ms(window.since_ms)} .. {iso_ms(window.until_ms)}"
+        + (f" (this broker does not say where a topic ends: each read stops once nothing new came for "
+           f"{idle_s:g} s, --idle)" if mode == "scan" else ""))
     chosen = select_attempts(cfg, window, by, mode, index, idle_s, counts)
+    if chosen:
+        low, high = raw_bounds(cfg, chosen)
+        say(f"{len(chosen)} workload attempt{'s' if len(chosen) != 1 else ''} to diagnose again: reading their lines "
+            f"on {cfg.topic('raw')} published {iso_ms(low)} .. {iso_ms(min(high, int(time.time() * 1000)))}")
+    else:
+        say(f"no workload attempt {which} in the window ({counts['scheduler']:,} scheduler records read)")
     results = rediagnose(cfg, chosen, catalog, mode, index, idle_s, counts)
+    if chosen:
+        say(f"{counts['raw']:,} raw records read; {len(results)} diagnosed with rules {catalog.version}")
     order = sorted(results, key=lambda k: (chosen[k].end_ms, k))
     out_topic = output_topic or cfg.topic("diagnoses-replay")
     if results:
@@ -363,6 +379,7 @@ def replay(cfg: StreamConfig, window: Window, rules: str | None = None, output_t
     if with_diff:
         # A diagnosis is published after the lines it was made from: none before the first raw line.
         since_ms = raw_bounds(cfg, chosen)[0] if chosen else window.since_ms
+        say(f"reading {cfg.topic('diagnoses')} to compare with what the pipeline published")
         report = compare(results, published(cfg, since_ms, set(results), mode, index, idle_s, counts))
     return ReplayReport(
         by=by, since=iso_ms(window.since_ms), until=iso_ms(window.until_ms), rules=rules,
@@ -415,7 +432,8 @@ def render_text(report: ReplayReport) -> str:
     lines = diff_lines(report.diff) if report.diff is not None else []
     r = report.records
     which = "ending" if report.by == "end-time" else "with an end event published"
-    lines.append(f"replayed {report.workloads} workload attempt(s) {which} {report.since} .. {report.until} "
+    lines.append(f"replayed {report.workloads} workload attempt{'' if report.workloads == 1 else 's'} {which} "
+                 f"{report.since} .. {report.until} "
                  f"from {r['raw']:,} raw and {r['scheduler']:,} scheduler records in {report.seconds:.1f}s "
                  f"(rules {report.rules_version}{', overlay ' + report.rules if report.rules else ''}; "
                  f"seek: {report.time_index}) -> {report.output_topic}")
@@ -434,12 +452,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"firstfault: {exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}", file=sys.stderr)
         return 2
 
+    from firstfault.progress import Steps
+
     def emit(d: Diagnosis) -> None:
         if not args.json and not args.diff:
             print(summary_line(d), flush=True)
 
+    # What it is doing, on stderr, for a person; --json is for a program and says nothing there.
     report = replay(cfg, window, rules=cfg.rules, output_topic=args.output_topic, with_diff=args.diff,
-                    idle_s=args.idle, emit=emit, by=args.by)
+                    idle_s=args.idle, emit=emit, by=args.by, say=Steps("replay", enabled=not args.json))
     if args.json:
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
@@ -463,9 +484,13 @@ def register(subparsers) -> None:
     p.add_argument("--diff", action="store_true",
                    help="show what changed against the published diagnoses: status, sub_domain, root cause, nodes, "
                         "candidates, recovery; with a count per kind")
-    p.add_argument("--json", action="store_true", help="print a machine summary")
+    p.add_argument("--json", action="store_true",
+                   help="the report as one JSON object (window, records read, each diagnosis' id and verdict, the "
+                        "diff), and no progress lines on stderr")
     p.add_argument("--output-topic", default=None, help="where replayed diagnoses go (default <prefix>diagnoses-replay)")
-    p.add_argument("--idle", type=float, default=2.0, help="Tansu: a topic is read once nothing new came for this long")
+    p.add_argument("--idle", type=float, default=2.0, metavar="SECONDS",
+                   help="on a broker that does not say where a topic ends (the embedded one), a topic counts as read "
+                        "once nothing new came for this long (default 2)")
     add_connection_flags(p)
     p.set_defaults(fn=cmd_replay)
 

@@ -182,7 +182,8 @@ def register(rsub, connect: Callable[[argparse.Namespace], None], add_stream_fla
     def who(p: argparse.ArgumentParser) -> None:
         p.add_argument("--author", help="who publishes (FIRSTFAULT_AUTHOR, default the user name)")
         p.add_argument("-m", "--message", help="why: kept with the catalog on the rules topic")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true",
+                       help="the result as one JSON object (the version, the live pointer; --report: the diff)")
         add_stream_flags(p)
 
     p = add("publish", cmd_publish, "lint and test a rules directory and, if both pass, make it the live catalog "
@@ -194,7 +195,9 @@ def register(rsub, connect: Callable[[argparse.Namespace], None], add_stream_fla
     p.add_argument("path", nargs="?", help="the candidate rules directory")
     p.add_argument("--report", action="store_true", help="print what the shadow run changed so far (as replay --diff)")
     p.add_argument("--every", type=float, default=5.0, help="seconds between shadow rounds (default 5)")
-    p.add_argument("--idle", type=float, default=1.0, help="Tansu: a topic is read once nothing new came for this long")
+    p.add_argument("--idle", type=float, default=1.0, metavar="SECONDS",
+                   help="on a broker that does not say where a topic ends (the embedded one), a topic counts as read "
+                        "once nothing new came for this long (default 1)")
     who(p)
     p = add("promote", cmd_promote, "make a published catalog version the live one")
     p.add_argument("version", help="a rules_version on the rules topic (publish and shadow print it)")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from firstfault.rules.errors import FirstfaultError
 
@@ -46,6 +46,8 @@ class RunInfo(BaseModel):
     rules_version: str
     log_file: str | None = None
     pid_start: str | None = None      # "<boot id>:<start tick>" of pid (process_start): that process, not a later one
+    # The correlator's waits (grace_cap_s, watermark_wait_s, lateness_s), so `diagnoses` says how long a final takes.
+    timings: dict[str, float] = Field(default_factory=dict)
 
     @property
     def redis_url(self) -> str | None:

@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -131,7 +132,9 @@ def describe(cfg: StreamConfig, extractors: int = 1) -> Topology:
         WorkerInfo(name="ship", kind="command", instances=1, command="firstfault ship PATH", group=None,
                    inputs=["a bundle"], outputs=["scheduler", "raw"], stores=[]),
         WorkerInfo(name="diagnoses", kind="command", instances=1, command="firstfault diagnoses [--follow]",
-                   group=None, inputs=["diagnoses (every partition, no group)"], outputs=["stdout"], stores=[]),
+                   group=None, inputs=["diagnoses (every partition, no group)",
+                                       "scheduler (the attempts with no final diagnosis yet; not with --json)"],
+                   outputs=["stdout"], stores=[]),
         WorkerInfo(name="replay", kind="command", instances=1, command="firstfault replay --since T --until T",
                    group=None, inputs=["scheduler", "raw", "diagnoses (--diff)"], outputs=["diagnoses-replay"],
                    stores=[f"offset index by hour ({'Redis' if cfg.redis_url else 'none: scans from the start'})"]),
@@ -155,7 +158,7 @@ def describe(cfg: StreamConfig, extractors: int = 1) -> Topology:
 def render_topology(t: Topology) -> str:
     out = [f"bootstrap  {t.bootstrap}", f"redis      {t.redis}", "", "Topics"]
     for tp in t.topics:
-        out.append(f"  {tp.name}  ({tp.partitions} partitions, key {tp.key})")
+        out.append(f"  {tp.name}  ({tp.partitions} partition{'' if tp.partitions == 1 else 's'}, key {tp.key})")
         out.append(f"      {tp.value}")
         out.append(f"      producers: {', '.join(tp.producers) or '-'}   consumers: {', '.join(tp.consumers) or '-'}")
     out += ["", "Workers and commands"]
@@ -200,8 +203,9 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def _relay(pipe: IO[bytes], fd: int) -> None:
-    """A worker's output to ``fd``, line by line, control characters escaped."""
+def _relay(pipe: IO[bytes], fd: int, notice: Callable[[str], None] | None = None) -> None:
+    """A worker's output to ``fd``, line by line, control characters escaped; each line also to
+    ``notice`` (what `up` says on the terminal about it)."""
     with pipe:
         for raw in iter(lambda: pipe.readline(RELAY_LINE), b""):
             text = raw.decode("utf-8", "replace")
@@ -210,6 +214,42 @@ def _relay(pipe: IO[bytes], fd: int) -> None:
                 _write_all(fd, (printable(body) + text[len(body):]).encode("utf-8"))
             except OSError:           # our stderr is gone: keep reading, a worker must never block on us
                 pass
+            if notice is not None:
+                try:
+                    notice(body)
+                except Exception:     # noqa: BLE001 - a note on the terminal must never stop the relay
+                    pass
+
+
+class RulesNotice:
+    """One line on `up`'s terminal when the workers change rule catalog (``rules publish``, ``promote``,
+    ``rollback``) or refuse one: the workers say it in their output, which goes to ``up.log``.
+    Said once per catalog, however many workers load it."""
+
+    NOW = re.compile(r"rules: now (\S+), was (\S+?)(?: \((.*)\))?$")
+    REFUSED = re.compile(r"rules: refused (\S+), keeping (\S+): (.*)$")
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        self.out = out
+        self.said: set[tuple[str, str]] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, line: str, worker: str = "") -> None:
+        if "rules: " not in line:
+            return
+        if m := self.NOW.search(line):
+            key, text = ("now", m[1]), (f"rules: the workers now diagnose with {m[1]} (was {m[2]}"
+                                        + (f"; {m[3]}" if m[3] else "") + ")")
+        elif m := self.REFUSED.search(line):
+            key, text = ("refused", m[1]), (f"rules: {worker or 'a worker'} refused {m[1]} and keeps {m[2]}: {m[3]} "
+                                            "(firstfault rules rollback, or publish a fixed catalog)")
+        else:
+            return
+        with self.lock:
+            if key in self.said:
+                return
+            self.said.add(key)
+            print(printable(text), file=self.out or sys.stdout, flush=True)
 
 
 def worker_env(cfg: StreamConfig, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -241,6 +281,7 @@ class Worker:
     log_fd: int | None = None          # that file, opened once by `up` (runfile.fresh_log)
     health_port: int | None = None     # its /readyz, which `up` asks before it says "ready"
     relay: threading.Thread | None = None
+    notice: Callable[[str, str], None] | None = None    # sees each output line (name, line): RulesNotice
 
     def start(self) -> None:
         # Never our stdout: that stays for `up`'s own report. Its lines name workload ids from
@@ -248,7 +289,9 @@ class Worker:
         self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **spawn_kwargs())
         sink = sys.stderr.fileno() if self.log_fd is None else self.log_fd
-        self.relay = threading.Thread(target=_relay, args=(self.proc.stdout, sink), name=f"relay-{self.name}",
+        notice = self.notice
+        seen = (lambda line: notice(line, self.name)) if notice is not None else None
+        self.relay = threading.Thread(target=_relay, args=(self.proc.stdout, sink, seen), name=f"relay-{self.name}",
                                       daemon=True)
         self.relay.start()
         self.started = time.monotonic()
@@ -345,11 +388,13 @@ READY_POLL_S = 0.5
 READY_WARN_S = 60.0           # not ready by then: say why on the terminal (once), keep waiting
 
 
-def _try_commands(cfg: StreamConfig, embedded: bool) -> list[str]:
+def _try_commands(cfg: StreamConfig, embedded: bool, slurm: bool = False) -> list[str]:
     # The embedded broker is found through the run file; an external one must be named.
     env = "" if embedded else f"FIRSTFAULT_KAFKA_BOOTSTRAP={cfg.bootstrap} "
     if not embedded and cfg.prefix != StreamConfig.model_fields["prefix"].default:
         env += f"FIRSTFAULT_TOPIC_PREFIX={cfg.prefix} "
+    if slurm:                       # --slurm: the jobs come from the cluster, no bundle to ship
+        return ["sbatch JOB.sh", f"{env}firstfault diagnoses --follow"]
     sample = "samples/worked-example" if Path("samples/worked-example").is_dir() else "PATH/TO/BUNDLE"
     return [f"{env}firstfault ship {sample}", f"{env}firstfault diagnoses --follow"]
 
@@ -372,7 +417,8 @@ def banner(cfg: StreamConfig, broker: EmbeddedBroker | None, workers: list[Worke
                  "  log       workers on stderr (-v)")
     if run_file is not None:
         lines.append(f"  run file  {run_file} (ship, diagnoses, replay, serve and topology find the broker there)")
-    lines.append("  try:      " + "    ".join(_try_commands(cfg, broker is not None)))
+    slurm = any(w.name == "slurm" for w in workers)
+    lines.append("  try:      " + "    ".join(_try_commands(cfg, broker is not None, slurm)))
     return "\n".join(lines)
 
 
@@ -408,12 +454,14 @@ def make_workers(cfg: StreamConfig, extractors: int, rundir: str, log: Path | No
     # port, so that `up` can ask their /readyz before it says "ready".
     raw = env.get("FIRSTFAULT_METRICS_PORT", "").strip()
     base = int(raw) if raw else None
+    # Unauthenticated, like `serve` without tokens: loopback unless FIRSTFAULT_METRICS_HOST says (0.0.0.0).
+    host = env.get("FIRSTFAULT_METRICS_HOST", "").strip() or "127.0.0.1"
     for i, w in enumerate(ws):
         w.log, w.log_fd = log, log_fd
         if w.name == "node-health":             # serves no health port: judged by its group
             continue
         port = free_port() if base is None else (base + i if base else 0)
-        w.env = {**w.env, "FIRSTFAULT_METRICS_PORT": str(port)}
+        w.env = {**w.env, "FIRSTFAULT_METRICS_PORT": str(port), "FIRSTFAULT_METRICS_HOST": host}
         w.health_port = port or None
     return ws
 
@@ -459,12 +507,16 @@ class Readiness:
 
 
 def _probe(port: int) -> str | None:
-    """None if 127.0.0.1:port/readyz says 200, else its reason."""
+    """None if the worker's /readyz (127.0.0.1, or the one address FIRSTFAULT_METRICS_HOST names) says 200,
+    else its reason."""
     import urllib.error
     import urllib.request
 
+    host = os.environ.get("FIRSTFAULT_METRICS_HOST", "").strip()
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=0.5):
+        with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=0.5):
             return None
     except urllib.error.HTTPError as exc:
         return exc.read().decode(errors="replace").strip() or f"HTTP {exc.code}"
@@ -524,8 +576,9 @@ class InFlight:
     def lost(self, now: float) -> str:
         if self.at is None:
             return "whatever it held"
-        return (f"{self.open} workload attempt(s) open in the correlator (no final diagnosis will come for them) "
-                f"and {self.lag} record(s) not yet processed, as of {now - self.at:.0f} s before")
+        return (f"{self.open} workload attempt{'' if self.open == 1 else 's'} open in the correlator (no final "
+                f"diagnosis will come for {'it' if self.open == 1 else 'them'}) and {self.lag} "
+                f"record{'' if self.lag == 1 else 's'} not yet processed, as of {now - self.at:.0f} s before")
 
 
 def _last_lines(path: Path, n: int = 3) -> str:
@@ -561,6 +614,7 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     broker: EmbeddedBroker | None = None
     wrote_run_file = False
+    stopping_since: float | None = None
     rc = 0
     try:
         if not cfg.bootstrap:
@@ -579,7 +633,8 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
                 runfile.write(runfile.RunInfo(
                     bootstrap=cfg.bootstrap, redis=cfg.redis_url or runfile.MEMORY, prefix=cfg.prefix,
                     pid=os.getpid(), started_at=runfile.now_iso(), rules_version=rules_version,
-                    log_file=str(log_file) if log_file else None), run_file)
+                    log_file=str(log_file) if log_file else None,
+                    timings={k: getattr(cfg, k) for k in ("grace_cap_s", "watermark_wait_s", "lateness_s")}), run_file)
             except OSError as exc:               # e.g. someone else's file in a shared directory
                 log.error("cannot write the run file %s: %s", run_file, exc.strerror or exc)
                 return 2
@@ -590,6 +645,10 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
         settle = 5.0 if broker is None and extractors > 1 and broker_is_tansu(cfg) else 0.0
         sup = Supervisor(make_workers(cfg, extractors, rundir, log_file, log_fd, slurm, slurm_output), stop_timeout,
                          settle)
+        if log_fd is not None:            # the workers' lines go to up.log: say a catalog change here too
+            notice = RulesNotice()
+            for w in sup.workers:
+                w.notice = notice
         ready: Readiness | None = None
         if signals["count"]:
             sup.stopping = True
@@ -626,6 +685,12 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
                         log.warning("not ready after %.0fs: %s%s", now - t0, why,
                                     f" (worker output: {log_file})" if log_file else "")
             time.sleep(0.1 if ready is not None else 0.2)
+        if signals["count"] and rc == 0:
+            # On the terminal, not only in up.log: what Ctrl-C does, and how long it may take.
+            print(f"stopping: {len([w for w in sup.workers if w.alive()])} workers one at a time, then "
+                  f"{'the broker' if broker is not None else 'nothing else'} (up to {stop_timeout:g} s a worker; "
+                  "Ctrl-C again to kill them)", flush=True)
+            stopping_since = time.monotonic()
         if not sup.stop():
             log.warning("some workers had to be killed")
     finally:
@@ -642,6 +707,8 @@ def run_up(cfg: StreamConfig, extractors: int = 1, stop_timeout: float = 15.0, r
         for s, h in old.items():
             signal.signal(s, h)
         shutil.rmtree(rundir, ignore_errors=True)     # what a dead broker left there was said above
+    if stopping_since is not None:
+        print(f"stopped in {time.monotonic() - stopping_since:.1f} s", flush=True)
     return rc
 
 
@@ -747,12 +814,15 @@ def register(subparsers) -> None:
     p.set_defaults(fn=cmd_up)
 
     t = subparsers.add_parser("topology", help="print the pipeline as configured: topics, workers, stores")
-    t.add_argument("--json", action="store_true")
-    t.add_argument("--bootstrap", default=None)
-    t.add_argument("--redis-url", default=None)
-    t.add_argument("--extractors", type=_positive, default=1)
-    t.add_argument("--partitions", type=_positive, default=None)
-    t.add_argument("--prefix", default=None)
+    t.add_argument("--json", action="store_true", help="the topics, workers and stores as one JSON object")
+    t.add_argument("--bootstrap", default=None,
+                   help="Kafka bootstrap servers (FIRSTFAULT_KAFKA_BOOTSTRAP); none: a running `firstfault up`'s, "
+                        "else the embedded broker `up` would start")
+    t.add_argument("--redis-url", default=None, help="Redis URL (FIRSTFAULT_REDIS_URL)")
+    t.add_argument("--extractors", type=_positive, default=1, help="extractor worker processes (default 1)")
+    t.add_argument("--partitions", type=_positive, default=None,
+                   help="partitions of each topic (FIRSTFAULT_PARTITIONS, default 4)")
+    t.add_argument("--prefix", default=None, help="topic prefix (FIRSTFAULT_TOPIC_PREFIX, default 'firstfault.')")
     t.set_defaults(fn=cmd_topology)
 
 

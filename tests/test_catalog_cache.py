@@ -149,3 +149,16 @@ def test_analyze_loads_neither_the_stream_stack_nor_yaml_once_the_catalog_is_kep
                  or m.startswith(("firstfault.streams.", "firstfault.connectors."))}
         assert not heavy, f"{run}: analyze imported {sorted(heavy)}"
     assert "yaml" not in modules                          # warm: the catalog came from the cache
+
+
+def test_a_wrong_argument_is_reported_with_the_whole_command_line(capsys):
+    """The command line built for one command (start-up) leaves its errors to the whole one:
+    the usage still names every command."""
+    from firstfault.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["ship", "bundle", "--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --bogus" in err
+    assert "up,topology,diagnoses,replay,nodes,rules" in err

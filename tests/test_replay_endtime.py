@@ -126,4 +126,5 @@ def test_diff_shows_the_recovery_a_rules_overlay_changes(env, capsys, tmp_path):
     assert f"now  {NEW_STEP}" in out and "recovery.nodes" not in out
     assert (f"diff: 1 changed, {len(ids) - 1} unchanged, 0 never published; changes by kind: 0 status, "
             "0 sub_domain, 0 root_cause, 0 responsible_nodes, 0 suspect_nodes, 0 candidates, 1 recovery") in out
-    assert f"replayed {len(ids)} workload attempt(s) ending 2026-11-01T00:00:00.000Z .. 2026-11-10T00:00:00.000Z" in out
+    assert (f"replayed {len(ids)} workload attempt{'' if len(ids) == 1 else 's'} ending 2026-11-01T00:00:00.000Z .. "
+            "2026-11-10T00:00:00.000Z") in out

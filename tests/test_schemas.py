@@ -152,7 +152,35 @@ def test_a_diagnosis_written_before_candidates_had_an_onset_still_decodes():
     record = fastavro.schemaless_reader(io.BytesIO(blob[10:]), now)
     for c in record["candidates"]:
         del c["onset"]
+    for s in record["symptoms"]:
+        del s["first_basis"]            # Diagnosis.2 predates it too (Diagnosis.3)
     body = io.BytesIO()
     fastavro.schemaless_writer(body, old, record)
     got = decode(b"\xc3\x01" + fp + body.getvalue())
-    assert got == d.model_copy(update={"candidates": [c.model_copy(update={"onset": None}) for c in d.candidates]})
+    assert got == d.model_copy(update={"candidates": [c.model_copy(update={"onset": None}) for c in d.candidates],
+                                       "symptoms": [s.model_copy(update={"first_basis": None}) for s in d.symptoms]})
+
+
+def test_a_diagnosis_written_before_symptoms_had_a_time_basis_still_decodes():
+    """Symptom gained ``first_basis`` (issue 25: an inherited time is a lower bound, marked everywhere);
+    a diagnosis published with the schema before it (avro/compat/Diagnosis.3.avsc) reads with it null."""
+    import io
+
+    import fastavro
+    from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+    from firstfault.rules.engine import analyze_path
+
+    d = analyze_path(AVRO_DIR.parent.parent / "samples" / "gpu-fell-off-bus-32node").diagnosis
+    assert {s.first_basis for s in d.symptoms} == {"stamped", "inherited"}
+    old = parse_schema(json.loads((AVRO_DIR / "compat" / "Diagnosis.3.avsc").read_text()), _write_hint=False)
+    fp = int(fingerprint(to_parsing_canonical_form(old), "CRC-64-AVRO"), 16).to_bytes(8, "little")
+    blob = encode(d)
+    now = parse_schema(json.loads((AVRO_DIR / "Diagnosis.avsc").read_text()), _write_hint=False)
+    record = fastavro.schemaless_reader(io.BytesIO(blob[10:]), now)
+    for s in record["symptoms"]:
+        del s["first_basis"]
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old, record)
+    got = decode(b"\xc3\x01" + fp + body.getvalue())
+    assert got == d.model_copy(update={"symptoms": [s.model_copy(update={"first_basis": None}) for s in d.symptoms]})

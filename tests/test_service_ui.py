@@ -46,13 +46,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Bare files, as a user posts them (no workload.json): one Xid and nothing else at one instant; one weak
+# CUDA error with no host named.
+BARE = {"bare-xid.log": "Nov  2 10:03:11 node-02 kernel: [887881.545061] NVRM: Xid (PCI:0000:1b:00): 79, pid=1, "
+                        "name=python3, GPU has fallen off the bus.\n",
+        "bare-cuda.log": "2026-11-02 10:00:00 starting training\n"
+                         "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n"}
+
+
 @pytest.fixture
-def server():
+def server(tmp_path_factory):
     """`firstfault serve` (through serve_main, as the CLI runs it) with the worked example stored."""
     prefix = f"fftest:{uuid.uuid4().hex}:"
     store = DiagnosisStore(REDIS_URL, prefix=prefix)
     for name in PAGES:
         store.save(analyze_path(SAMPLES / name).diagnosis)
+    bare = tmp_path_factory.mktemp("bare")
+    for name, text in BARE.items():
+        (bare / name).write_text(text)
+        store.save(analyze_path(bare / name).diagnosis)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
     env["FIRSTFAULT_REDIS_PREFIX"] = prefix
@@ -255,3 +267,68 @@ def test_the_index_upload_form_diagnoses_a_bundle_and_opens_its_page(server, tmp
         assert browser.eval("document.querySelectorAll('#lines > span').length") > 1
     finally:
         browser.close()
+
+
+def dom_of(base: str, workload_id: str, tmp_path: Path) -> tuple["Elements", str]:
+    run = chromium(f"{base}/ui/diagnoses/{workload_id}", tmp_path, "--dump-dom")
+    assert run.returncode == 0, run.stderr[-2000:]
+    dom = Elements()
+    dom.feed(run.stdout)
+    assert dom.root_attrs.get("data-ui-ready") == "true", "the page script did not run"
+    return dom, run.stdout
+
+
+def lanes_of(html: str) -> list[tuple[str, list[str]]]:
+    """Each timeline lane: the hosts it stands for, and its marks' labels."""
+    out = []
+    for hosts, track in re.findall(r'<div class="lane-host" title="([^"(]*)[^"]*"[^>]*>[^<]*</div>\s*'
+                                   r'<div class="lane-track">(.*?)</div>\s*</div>', html, re.S):
+        out.append((hosts.strip(), [x.strip() for x in re.findall(r'<span class="mark-label">([^<]*)</span>', track)]))
+    return out
+
+
+def test_page_header_says_the_cause_once_and_a_lane_shows_only_its_own_counts(server, tmp_path):
+    """Issue 25: the header printed the root's sentence twice; every node's lane carried the job-wide
+    count (watchdog_timeout ×31 on node-02, which logged 7 of them); axis labels repeated."""
+    base, _ = server
+    d = analyze_path(SAMPLES / "worked-example").diagnosis
+    dom, html = dom_of(base, d.workload_id, tmp_path)
+    header = dom.by_id["summary"]["text"]
+    assert header.count(d.root_cause.message) == 1, header
+    why = dom.by_id["diagnosis-summary"]["text"]
+    assert why.startswith("It is the earliest cause") and d.root_cause.message not in why, why
+    assert dom.by_id["coverage"]["text"] == "100% of 224 symptom lines explained"
+    counts = {s.kind: (s.count, set(s.hosts)) for s in d.symptoms}
+    lanes = lanes_of(html)
+    assert len(lanes) >= 2, html
+    for hosts, labels in lanes:
+        for label in labels:
+            kind, _, n = label.partition(" ×")
+            if n:             # a count only on a lane holding every host that logged the group
+                assert counts[kind][1] <= set(hosts.split(", ")), (hosts, label)
+                assert int(n) == counts[kind][0]
+    assert any("watchdog_timeout" in labels and hosts != "node-01, node-02, node-03, node-04"
+               for hosts, labels in lanes), lanes                 # split over lanes: the kind alone
+    ticks = re.findall(r'<span class="tick"[^>]*>([^<]+)</span>', html)
+    assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), ticks
+
+
+def test_bare_file_pages_link_no_missing_file_and_give_no_empty_coverage(server, tmp_path):
+    """Issue 25: a bare file's page linked `workload.json:1` (there is none), said "100%" of no symptom
+    line, "0 hosts", and its one-instant axis repeated one label five times."""
+    base, _ = server
+    dom, html = dom_of(base, "bare-xid", tmp_path)
+    assert "workload.json" not in re.sub(r"no workload\.json[^<]*", "", html.split('id="missing"')[0]), \
+        "a reference to a workload.json the input did not have"
+    assert "path=workload.json" not in html
+    assert 'class="no-file"' in html and "the inferred workload record" in html
+    assert dom.by_id["coverage"]["text"] == "no symptom lines"
+    ticks = re.findall(r'<span class="tick"[^>]*>([^<]+)</span>', html)
+    assert ticks and len(set(ticks)) == len(ticks), ticks
+    assert dom.by_id["root-sub-domain"]["text"] == "gpu_fell_off_bus"
+
+    dom, html = dom_of(base, "bare-cuda", tmp_path)
+    assert dom.by_id["coverage"]["text"] == "no cause proven, so its 1 symptom line is unexplained"
+    rows = re.findall(r'<tr id="ev-sym-\d+"[^>]*>(.*?)</tr>', html, re.S)
+    assert rows and not any(re.search(r"\b0 hosts?\b", r) for r in rows), rows
+    assert not PLACEHOLDER.search(first_screen_text(dom))

@@ -22,8 +22,9 @@ def test_read_counts_add_up_and_nouns_agree():
     read = " ".join(text[text.index("\nRead "):text.index("\nRules ")].split())
     numbers = [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", read)]
     total, _files, parts = numbers[0], numbers[1], numbers[2:]
-    assert len(parts) == 4 and sum(parts) == total, read
-    assert parts[1] > 0                       # lines that hit an anchor but no pattern are counted
+    # Matched, anchor but no pattern, no anchor; "0 unreadable" is left out: a part that is none says nothing.
+    assert len(parts) == 3 and sum(parts) == total and 0 not in parts, read
+    assert "hit an anchor but no pattern" in read and "unreadable" not in read
     assert " 1 hosts" not in text and " 1 host " in text
 
 
@@ -99,3 +100,94 @@ def test_responsible_means_at_fault_on_every_text_surface():
     slack = str(payload_slack(enrich(app, None), cfg))
     assert "*on* a100-01 (not at fault)" in slack and "responsible* a100-01" not in slack
     assert "*responsible* node-02" in str(payload_slack(enrich(hw, None), cfg))
+
+
+def _analyze(path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "firstfault", "analyze", str(path), *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+XID79 = ("Nov  2 10:03:11 node-02 kernel: [887881.545061] NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=python3, "
+         "GPU has fallen off the bus." + " padding" * 30 + "\n")
+WEAK = "2026-11-02 10:00:00 starting\n[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+
+
+def test_bare_file_text_has_no_empty_coverage_no_zero_counts_and_cut_lines_end_in_an_ellipsis(tmp_path):
+    """Issue 25: "100% of symptom lines explained (0 symptom lines)", "(1 symptom lines)", "0 hosts", a
+    raw line cut mid-word with no mark, and a `workload.json:1` that names no file."""
+    (tmp_path / "dmesg.txt").write_text(XID79)
+    done = _analyze(tmp_path / "dmesg.txt")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "  coverage    no symptom lines\n" in text and "100%" not in text
+    raw = next(line for line in text.splitlines() if line.lstrip().startswith("| Nov  2"))
+    assert raw.endswith("…") and len(raw.split("| ", 1)[1]) == 160
+    assert not re.search(r"workload\.json:\d", text)
+    assert "Read        1 line in 1 file: 1 matched a pattern\n" in text       # no "0 ..." parts
+
+    (tmp_path / "job.log").write_text(WEAK)
+    text = _analyze(tmp_path / "job.log").stdout
+    assert "  coverage    no cause proven, so its 1 symptom line is unexplained\n" in text
+    assert "symptom lines)" not in text and " 0 host" not in text and "ranks -" not in text
+    missing = text[text.index("Missing evidence"):text.index("Recovery")]
+    assert not re.search(r": *$", missing.splitlines()[1]), missing               # no dangling ": "
+
+    # JSON is unchanged by any of it: the same object analyze always printed.
+    from firstfault.rules.engine import analyze_path
+
+    j = _analyze(tmp_path / "job.log", "--json")
+    assert j.returncode == 0 and j.stdout == analyze_path(tmp_path / "job.log").diagnosis.to_json() + "\n"
+
+
+def test_the_root_sentence_is_printed_once_with_why_it_is_first_under_it():
+    text = _summary("worked-example")
+    from firstfault.rules.engine import analyze_path
+
+    d = analyze_path(ROOT / "samples" / "worked-example").diagnosis
+    assert text.count(d.root_cause.message) == 2           # the root cause line and the timeline's ROOT row
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  root cause  "))
+    assert lines[at + 1].strip().startswith("It is the earliest cause")
+    assert "  coverage    100% of 224 symptom lines explained" in lines
+
+
+def test_unattributed_next_step_names_what_to_fetch_in_plain_words():
+    text = _summary("unattributed-straggler")
+    assert "collect job hosts with no kernel/syslog log" not in text
+    flat = " ".join(text.split())
+    assert "next: collect the kernel log (syslog, journalctl -k or dmesg -T) of node-02 and node-03" in flat
+
+
+def test_help_gives_exit_codes_and_every_flag_says_what_it_does():
+    from firstfault.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, type(parser._subparsers._group_actions[0])))
+    commands = dict(sub.choices)
+    rules_sub = next(a for a in commands["rules"]._actions if isinstance(a, type(sub)))
+    commands.update({f"rules {n}": c for n, c in rules_sub.choices.items()})
+    silent = [f"firstfault {name} {flag}" for name, cmd in commands.items() if name != "serve"
+              for action in cmd._actions for flag in action.option_strings[:1]
+              if flag not in ("-h",) and not action.help]
+    assert not silent, f"flags with no help: {silent}"
+    helptext = commands["analyze"].format_help()
+    assert "exit codes:" in helptext and re.search(r"^  0 +a diagnosis", helptext, re.M)
+    assert re.search(r"^  2 +no diagnosis: an unusable input", helptext, re.M) and "130" in helptext
+    for name in ("rules test", "rules lint"):
+        assert "exit codes: 0" in " ".join(commands[name].format_help().split())
+    serve = subprocess.run([sys.executable, "-m", "firstfault", "serve", "--help"], capture_output=True, text=True,
+                           timeout=60)
+    assert serve.returncode == 0 and "Attribution" not in serve.stdout and "exit codes" in serve.stdout
+
+
+def test_analyze_exits_as_its_help_says(tmp_path):
+    (tmp_path / "dmesg.txt").write_text(XID79)
+    (tmp_path / "blank.log").write_text("  \n\n")
+    (tmp_path / "broken.tar.gz").write_bytes(b"not a tar")
+    assert _analyze(tmp_path / "dmesg.txt").returncode == 0
+    for bad in ("blank.log", "broken.tar.gz", "absent.log"):
+        done = _analyze(tmp_path / bad)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (bad, done.stderr)
+    assert _analyze(tmp_path / "dmesg.txt", "--no-such-flag").returncode == 2
+    done = _analyze(tmp_path / "dmesg.txt", "--rules", str(tmp_path / "no-rules"))
+    assert done.returncode == 2 and "rule catalog error" in done.stderr

@@ -51,6 +51,7 @@ def test_up_slurm_diagnoses_a_job_that_dies_from_its_output(slurm_cluster, tmp_p
     try:
         assert text.splitlines()[-1:] and text.splitlines()[-1].startswith("ready"), text + "".join(err_lines)
         assert "worker    slurm " in text and "worker    slurm-tail " in text, text
+        assert "try:      sbatch JOB.sh    firstfault diagnoses --follow" in text, text
         job = c.sbatch(TRACEBACK, "--job-name=tb", f"--output={pattern}", "-w", "n1", cwd=jobs)
         ended = c.wait_job(job, {"FAILED"}, timeout_s=60)
         wid = f"slurm-{job}"

@@ -1,4 +1,4 @@
-"""The Attribution Service: ``create_app`` wires settings, store, engine, auth, metrics and pages."""
+"""The REST service and the pages: ``create_app`` wires settings, store, engine, auth, metrics and pages."""
 from __future__ import annotations
 
 import time
@@ -20,6 +20,7 @@ from .auth import Auth
 from .context import Publisher, ReadyCheck, ServiceContext
 from .errors import ApiError
 from .evidence import AnalyzeRequest
+from .origin import HostCheckMiddleware, check_same_origin
 from .query import plain_query
 from .fleet import build_fleet_router
 from .metrics import Metrics, MetricsMiddleware
@@ -47,7 +48,7 @@ def create_app(settings: ServiceSettings | None = None, store: DiagnosisStore | 
     settings = settings or ServiceSettings.from_env()
     ctx = ServiceContext(
         settings=settings,
-        store=store or DiagnosisStore(settings.redis_url, settings.redis_prefix),
+        store=store or DiagnosisStore(settings.redis_url, settings.redis_prefix, retention=settings.retention),
         catalog=load_catalog(settings.rules),       # fail at start, not on the first request
         runner=EngineRunner(settings), metrics=Metrics(), auth=Auth(settings),
         publisher=publisher, kafka_ready=kafka_ready,
@@ -58,14 +59,16 @@ def create_app(settings: ServiceSettings | None = None, store: DiagnosisStore | 
         yield
         ctx.runner.close()
 
-    app = FastAPI(title="firstfault Attribution Service", version=firstfault.__version__,
-                  description=DESCRIPTION, lifespan=lifespan, dependencies=[Depends(plain_query)])
+    app = FastAPI(title="firstfault", version=firstfault.__version__,
+                  description=DESCRIPTION, lifespan=lifespan,
+                  dependencies=[Depends(plain_query), Depends(check_same_origin)])
     app.state.ctx = ctx
     errors.install(app, html=render_error, translate={
         StoreUnavailable: lambda exc: ApiError(503, "store_unavailable", f"the diagnoses store is unavailable: {exc}",
                                                headers={"Retry-After": "5"})})
 
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
+    app.add_middleware(HostCheckMiddleware, settings=settings)     # outermost: before anything is read
     app.include_router(build_router(ctx))
     app.include_router(build_fleet_router(ctx))
     app.include_router(build_ui_router(ctx))

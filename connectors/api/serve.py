@@ -1,4 +1,4 @@
-"""``firstfault serve``: run the Attribution Service under uvicorn.
+"""``firstfault serve``: run the REST service and the diagnosis pages under uvicorn.
 
     firstfault serve [--host H] [--port P] [--redis-url URL] [--workers N]
 
@@ -54,12 +54,22 @@ def _redact(url: str | None) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="firstfault serve", description="run the REST service (Attribution Service)")
+    p = argparse.ArgumentParser(
+        prog="firstfault serve", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The REST service and the diagnosis pages: POST /v1/analyze takes what `firstfault analyze`\n"
+                    "takes; the pages (/ui/) show each stored diagnosis. With no --redis-url it uses a running\n"
+                    "`firstfault up`'s Redis, if that has one.",
+        epilog="examples:\n"
+               "  firstfault serve                                       http://127.0.0.1:8080/ui/\n"
+               "  curl -F bundle=@slurm-1234.out http://127.0.0.1:8080/v1/analyze\n"
+               "exit codes: 0 stopped; 2 it cannot start (a bad setting, a store that does not answer,\n"
+               "  no token configured for an address other than loopback)")
     p.add_argument("--host", help=f"address to bind (default {env_name('host')} or 127.0.0.1)")
     p.add_argument("--port", type=int, help=f"port (default {env_name('port')} or 8080)")
     p.add_argument("--redis-url", help=f"diagnoses store (default {env_name('redis_url')}; none: in memory)")
     p.add_argument("--workers", type=int, help=f"worker processes (default {env_name('workers')} or 1)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="how much uvicorn logs on stderr (default info: one line per request)")
     return p
 
 

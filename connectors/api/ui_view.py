@@ -9,6 +9,8 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from firstfault.rules.order import shown_at
+from firstfault.rules.summary import coverage_phrase, inferred_record, percent
 from firstfault.schemas import Diagnosis, Ref
 
 MAX_LANES = 40                  # lanes drawn; hosts beyond are listed by name
@@ -26,13 +28,18 @@ def _parse_stamp(s: str | None) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def ref_text(r: Ref) -> str:
+INFERRED_RECORD = "the inferred workload record"
+
+
+def ref_text(r: Ref, d: Diagnosis | None = None) -> str:
+    if d is not None and r.path == "workload.json" and inferred_record(d.missing_evidence):
+        return INFERRED_RECORD          # a bare file or folder: there is no workload.json to point at
     return f"{r.path}:{r.line}"
 
 
 def ref_url(d: Diagnosis, r: Ref | None) -> str:
-    """The page showing a reference's line with 20 lines either side."""
-    if r is None:
+    """The page showing a reference's line with 20 lines either side ("": nothing to link, no such file)."""
+    if r is None or ref_text(r, d) == INFERRED_RECORD:
         return ""
     return (f"/ui/lines/{quote(d.workload_id, safe='/')}?"
             + urlencode({"attempt": d.attempt, "path": r.path, "line": r.line}))
@@ -90,6 +97,8 @@ class Row:
     anchor: str
     is_candidate: bool = False
     href: str = ""
+    at_least: bool = False      # the time is a lower bound (no stamp of its own: the stamped line above), shown ≥
+    basis: str | None = None
 
 
 def _roles(d: Diagnosis) -> dict[str, str]:
@@ -114,36 +123,39 @@ def _rows(d: Diagnosis, root_t: datetime | None, spans: list[Span]) -> list[Row]
     rows: list[Row] = []
     for i, c in enumerate(d.candidates):
         t = _parse_stamp(c.onset)
-        detail = f"{c.message}; covers {round(100 * c.coverage)}% of the symptom lines"
+        detail = f"{c.message}; covers {percent(c.coverage)} of the symptom lines"
         rows.append(Row(t, "", list(c.nodes), f"{c.domain} / {c.sub_domain}", len(c.evidence), detail,
-                        ref_text(c.evidence[0]) if c.evidence else "", False, True, f"ev-cand-{i}", True,
+                        ref_text(c.evidence[0], d) if c.evidence else "", False, True, f"ev-cand-{i}", True,
                         ref_url(d, c.evidence[0] if c.evidence else None)))
     if d.root_cause is not None:
         rc = d.root_cause
         rows.append(Row(root_t, _delta(root_t, root_t), [rc.host] if rc.host else [], rc.kind, 1, rc.message,
-                        ref_text(rc.ref), True, True, "ev-root", href=ref_url(d, rc.ref)))
+                        ref_text(rc.ref, d), True, True, "ev-root", href=ref_url(d, rc.ref),
+                        at_least=rc.time_basis == "inherited", basis=rc.time_basis))
     for i, (s, first, last) in enumerate(spans):
-        detail = f"{len(s.hosts)} host{'s' if len(s.hosts) != 1 else ''}"
-        if s.ranks:
-            detail += f", {len(s.ranks)} rank{'s' if len(s.ranks) != 1 else ''}"
+        # Counts that are none are left out ("0 hosts" says nothing).
+        detail = ", ".join(f"{n} {what}{'s' if n != 1 else ''}" for n, what in ((len(s.hosts), "host"),
+                                                                               (len(s.ranks), "rank")) if n)
         if first and last and last > first:
             detail += f", over {_delta(last, first).lstrip('+')}"
         delta = _delta(first, root_t)
-        if s.explained and d.root_cause is not None and (first is None or (root_t is not None and first < root_t)):
-            # An echo never shows before its cause: its stamp was inherited from a line above.
-            detail += ", time is a lower bound (the stamped line above)" if first else ", no time of its own"
-            delta = "≥ " + delta if first else delta
-        rows.append(Row(first, delta, s.hosts, s.kind, s.count, detail, ref_text(s.sample),
-                        False, s.explained, f"ev-sym-{i}", href=ref_url(d, s.sample)))
+        bound = s.first_basis == "inherited" and first is not None
+        if bound:
+            detail += ", time is a lower bound (the stamped line above)"
+            delta = "≥ " + delta if delta else delta
+        elif first is None and s.explained and d.root_cause is not None:
+            detail += ", no time of its own"
+        detail = detail.removeprefix(", ")
+        rows.append(Row(first, delta, s.hosts, s.kind, s.count, detail, ref_text(s.sample, d),
+                        False, s.explained, f"ev-sym-{i}", href=ref_url(d, s.sample), at_least=bound,
+                        basis=s.first_basis))
     floor = datetime.min.replace(tzinfo=timezone.utc)
 
     def order(r: Row) -> tuple:
-        if d.root_cause is not None and (r.is_root or r.explained):
-            # The root and its echoes: the root first, echoes no earlier than it.
-            at = root_t if root_t is not None else None
-            when = max(r.when, at) if (r.when is not None and at is not None) else (at or r.when)
-            return (when is None and at is not None, when or floor, not r.is_root)
-        return (r.when is None, r.when or floor, True)
+        # As the JSON orders symptoms (rules/order.py shown_at): points where they are, a lower bound
+        # at its bound but an explained one never before its cause; the root first at its instant.
+        at = r.when if r.is_root or r.is_candidate else shown_at(r.when, r.basis, r.explained, root_t)
+        return (at is None, at or floor, not r.is_root, r.basis not in ("stamped", "uptime"), r.when is None)
 
     rows.sort(key=order)
     return rows
@@ -205,18 +217,41 @@ def timeline(d: Diagnosis) -> dict[str, Any]:
             assert first is not None
             left = pos(first)
             width = max(round(pos(last or first) - left, 2), 0.4)
-            title = f"{s.kind} ×{s.count} on {len(s.hosts)} host(s): {s.first} … {s.last}"
+            title = (f"{s.kind} ×{s.count} on {len(s.hosts)} host(s): {'≥ ' if s.first_basis == 'inherited' else ''}"
+                     f"{s.first} … {s.last}")
             title += "" if s.explained else " (not explained by the root cause)"
             label_at = "inside" if width >= 14 else ("before" if left > 60 else "after")
-            lane.marks.append(Mark("symptom", f"{s.kind} ×{s.count}", left, width, title, row, s.explained,
-                                   f"ev-sym-{i}", label_at))
+            # The count is the job's: on a lane that holds only some of the group's hosts it is not this
+            # lane's, so the label names the kind alone (the title and the table give the job's count).
+            whole = set(s.hosts) <= set(lane.hosts)
+            if not whole:
+                title += f" (job-wide; {', '.join(lane.hosts[:3])}{' …' if len(lane.hosts) > 3 else ''} "
+                title += "logged part of it)"
+            lane.marks.append(Mark("symptom", f"{s.kind} ×{s.count}" if whole else s.kind, left, width, title, row,
+                                   s.explained, f"ev-sym-{i}", label_at))
         lane.rows = max(1, len(groups))
     shown = list(lanes.values())
-    ticks = [{"left": round(2 + 96 * i / 4, 2),
-              "label": (t0 + (t1 - t0) * (i / 4)).strftime("%H:%M:%S")} for i in range(5)]
+    ticks = _ticks(t0, span)
     hidden = [h for lane in shown[MAX_LANES:] for h in lane.hosts]
     return {"lanes": shown[:MAX_LANES], "hidden_hosts": hidden, "rows": rows, "ticks": ticks, "row_px": ROW_PX,
             "window": f"{t0.strftime('%Y-%m-%d %H:%M:%S')} – {t1.strftime('%H:%M:%S')} UTC"}
+
+
+def _ticks(t0: datetime, span_s: float, n: int = 4) -> list[dict[str, Any]]:
+    """Axis labels over the whole axis (``span_s`` seconds from ``t0``), each label different: as
+    precise as the spacing needs (milliseconds under a second apart, the date past a day)."""
+    from datetime import timedelta
+
+    step = span_s / n
+    fmt = "%m-%d %H:%M" if span_s >= 86400 else ("%H:%M:%S" if step >= 1 else "%H:%M:%S.%f")
+    out: list[dict[str, Any]] = []
+    for i in range(n + 1):
+        label = (t0 + timedelta(seconds=step * i)).strftime(fmt)
+        label = label[:-3] if fmt.endswith("%f") else label
+        if out and out[-1]["label"] == label:
+            continue
+        out.append({"left": round(2 + 96 * i / n, 2), "label": label})
+    return out
 
 
 def failed_at(d: Diagnosis) -> str | None:
@@ -230,20 +265,25 @@ def failed_at(d: Diagnosis) -> str | None:
 
 
 def headline(d: Diagnosis) -> dict[str, str]:
-    """The one line an on-call engineer reads first."""
+    """The one line an on-call engineer reads first; ``why``: what the summary adds to the sentence
+    (the summary opens with the root's own sentence, which the header must not print twice)."""
     if d.status == "attributed" and d.root_cause is not None:
+        sentence = d.root_cause.message
+        why = d.summary
+        if why.startswith(sentence.rstrip(".")):
+            why = why[len(sentence.rstrip(".")):].lstrip(". ")
         return {"title": f"{d.root_cause.host or 'unknown host'} · {d.domain} / {d.sub_domain}",
-                "sentence": d.root_cause.message}
+                "sentence": sentence, "why": why}
     if d.status == "ambiguous":
         return {"title": f"Ambiguous: {len(d.candidates)} causes fit",
                 "sentence": "; ".join(f"{c.sub_domain} on {', '.join(c.nodes) or 'unknown hosts'}"
-                                      for c in d.candidates)}
+                                      for c in d.candidates), "why": d.summary}
     if d.status == "unattributed":
         # The suspect and why first (the summary says it); what to collect is the next step, not the cause.
         who = f" — suspects: {', '.join(d.suspect_nodes)}" if d.suspect_nodes else ""
         return {"title": f"No root cause proven{who}",
-                "sentence": d.summary or "no line proves a cause"}
-    return {"title": "Completed — no failure", "sentence": f"terminal state {d.terminal_state}"}
+                "sentence": d.summary or "no line proves a cause", "why": ""}
+    return {"title": "Completed — no failure", "sentence": f"terminal state {d.terminal_state}", "why": d.summary}
 
 
 def diagnosis_view(d: Diagnosis) -> dict[str, Any]:
@@ -252,5 +292,6 @@ def diagnosis_view(d: Diagnosis) -> dict[str, Any]:
         edges.setdefault(e.target, []).append(e)
     root_ref = d.root_cause.ref if d.root_cause else None
     return {"d": d, "headline": headline(d), "timeline": timeline(d), "edges": edges,
-            "root_ref": ref_text(root_ref) if root_ref else None, "ref_text": ref_text,
-            "ref_url": lambda r: ref_url(d, r), "root_url": ref_url(d, root_ref)}
+            "root_ref": ref_text(root_ref, d) if root_ref else None, "ref_text": lambda r: ref_text(r, d),
+            "ref_url": lambda r: ref_url(d, r), "root_url": ref_url(d, root_ref),
+            "coverage": coverage_phrase(d.status, d.symptom_coverage, d.symptoms)}

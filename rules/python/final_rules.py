@@ -15,7 +15,7 @@ from ..early import render
 from ..final import FinalContext, coverage, reachable, run_explains
 from ..identity import fold_identities
 from ..model import Ev
-from ..order import first_cause, placed, root_order
+from ..order import POINT, first_cause, placed, root_order
 from . import final_rule
 
 _S = {"workload": {"workload_id": "ex", "state": "FAILED", "start_time": "2026-11-02T09:58:00Z",
@@ -69,6 +69,46 @@ def scope(ctx: FinalContext) -> None:
             out.append(ev)
     if out:
         ctx.step("final.scope", "exclude", out)
+
+
+_DESCRIBED = ("Name:             llama-ft-worker-1\n"
+              "Node:             gpu-node-7/10.0.0.7\n"
+              "    State:          Terminated\n"
+              "      Reason:       OOMKilled\n"
+              "      Exit Code:    137\n"
+              "      Started:      Fri, 15 Sep 2023 09:56:14 +0200\n"
+              "      Finished:     Fri, 15 Sep 2023 09:56:17 +0200\n")
+
+
+@final_rule(
+    id="final.record_time", priority=1010, title="A report's record takes the time it states",
+    description="A line whose pattern says its stated time is its record's (dates_above: kubectl describe's "
+                "'Finished:' closing a container state) gives that time to the untimed lines up to that many "
+                "lines above it in its file, on its host (the state's reason and exit code): each takes the "
+                "nearest such line below it. A report is not a log: its lines have no stamps of their own.",
+    examples={"fires": [_scenario({"logs/scheduler/describe.txt": _DESCRIBED}, start_time="2023-09-15T07:40:02Z",
+                                  end_time="2023-09-15T07:56:17Z", nodes=["gpu-node-7"])],
+              "quiet": [_scenario({"logs/scheduler/describe.txt": _DESCRIBED.replace("      Finished:", "      Ended:")},
+                                  start_time="2023-09-15T07:40:02Z", nodes=["gpu-node-7"])]},
+)
+def record_time(ctx: FinalContext) -> None:
+    reach = {p.id: p.dates_above for p in ctx.catalog.patterns if p.dates_above}
+    closers: dict[str, list[Ev]] = defaultdict(list)
+    for ev in ctx.events:
+        if ev.pattern in reach and ev.stamp is not None and ev.quality in POINT:
+            closers[ev.path].append(ev)
+    dated: list[Ev] = []
+    for ev in ctx.events:
+        if ev.quality in POINT or ev.pattern in reach or ev.path not in closers:
+            continue
+        below = [c for c in closers[ev.path] if 0 < c.line - ev.line <= reach[c.pattern] and c.host == ev.host]
+        if below:
+            at = min(below, key=lambda c: c.line).stamp
+            ev.stamp = ev.last_stamp = ev.onset = at
+            ev.quality = "exact"
+            dated.append(ev)
+    if dated:
+        ctx.step("final.record_time", "date", dated)
 
 
 @final_rule(
@@ -690,16 +730,45 @@ def _own_action(root: Ev, action: str) -> tuple[str, list[str]]:
     return action, why
 
 
+def _and(items: list[str], limit: int = 8, noun: str = "hosts") -> str:
+    """['a', 'b', 'c'] -> 'a, b and c'; past ``limit``, 'a, ..., h and 24 more hosts'."""
+    if len(items) > limit:
+        return f"{', '.join(items[:limit])} and {len(items) - limit} more {noun}"
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _ask_for(missing: dict) -> str:
+    """A missing_evidence entry as what a person fetches, naming the hosts: the next step's words."""
+    hosts = _and(missing["hosts"]) if missing["hosts"] else "the job's hosts"
+    kind = missing["kind"]
+    if kind == "syslog":
+        return f"the kernel log (syslog, journalctl -k or dmesg -T) of {hosts}"
+    if kind == "app_log":
+        spans: list[list[int]] = []
+        for r in sorted(missing["ranks"]):
+            if spans and spans[-1][1] == r - 1:
+                spans[-1][1] = r
+            else:
+                spans.append([r, r])
+        ranks = [f"{a}" if a == b else f"{a}-{b}" for a, b in spans]
+        which = f"rank{'s' if len(missing['ranks']) != 1 else ''} {_and(ranks, 8, 'ranges')}" if ranks else "its ranks"
+        return f"the application log of {which} (on {hosts})"
+    if kind == "boot_time":
+        return f"the boot time of {hosts} (boot_times in workload.json), so their dmesg stamps can be placed in time"
+    if kind == "metrics":
+        return f"the GPU metric samples of {hosts}"
+    return f"{missing['detail']} ({hosts})"
+
+
 def _collect_next(ctx: FinalContext) -> str:
     """For ambiguous and unattributed diagnoses: the evidence that would help most."""
     if ctx.status == "ambiguous":
         hosts = sorted({m.host for c in ctx.candidates for m in c["members"] if m.host})
         return ("collect the kernel logs (dmesg with times, or boot times) of "
-                + (", ".join(hosts) if hosts else "the hosts involved") + " to order the candidates")
+                + (_and(hosts) if hosts else "the hosts involved") + " to order the candidates")
     first = ctx.missing[0] if ctx.missing else None
     if first and first["kind"] != "workload":
-        where = ", ".join(first["hosts"]) if first["hosts"] else "the job's hosts"
-        return f"collect {first['detail']} ({where})"
+        return "collect " + _ask_for(first)
     if ctx.suspects:
         # Ask only for what the input lacks: a suspect whose logs are here needs a look at the host itself.
         info = ctx.settings.get("_inventory", {})
