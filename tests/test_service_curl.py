@@ -7,17 +7,13 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
-import sys
 import tarfile
-import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
-import redis
+from served import served
 
 from conftest import SAMPLES
 
@@ -42,37 +38,8 @@ def curl_examples(doc: Path) -> list[str]:
 @pytest.fixture
 def serve():
     prefix = f"fftest:{uuid.uuid4().hex}:"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
-    env["FIRSTFAULT_REDIS_PREFIX"] = prefix
-    proc = subprocess.Popen([sys.executable, "-m", "firstfault", "serve", "--port", str(port),
-                             "--redis-url", REDIS_URL, "--log-level", "warning"],
-                            env=env, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the service did not start within 60 s"
-            time.sleep(0.2)
+    with served(REDIS_URL, prefix) as (base, _):
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        r = redis.Redis.from_url(REDIS_URL)
-        keys = list(r.scan_iter(match=f"{prefix}*"))
-        if keys:
-            r.delete(*keys)
 
 
 def _inputs(where: Path, commands: list[str]) -> None:

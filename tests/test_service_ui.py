@@ -6,20 +6,16 @@ first screen (1280x900), which the page's script measures and records.
 """
 from __future__ import annotations
 
-import os
 import re
-import socket
 import struct
 import subprocess
-import sys
-import time
 import uuid
 from html.parser import HTMLParser
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
+from served import served
 
 from firstfault.connectors.sinks.redis_store import DiagnosisStore
 from firstfault.rules.engine import analyze_path
@@ -38,12 +34,6 @@ PAGES = {"worked-example": "slurm-4471823", "ambiguous-two-faults": None, "unatt
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is not installed "
                                 "(apt-get install -y chromium)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Bare files, as a user posts them (no workload.json): one Xid and nothing else at one instant; one weak
@@ -65,36 +55,8 @@ def server(tmp_path_factory):
     for name, text in BARE.items():
         (bare / name).write_text(text)
         store.save(analyze_path(bare / name).diagnosis)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
-    env["FIRSTFAULT_REDIS_PREFIX"] = prefix
-    code = ("import sys; from firstfault.connectors.api.serve import serve_main; "
-            "sys.exit(serve_main(sys.argv[1:]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "--port", str(port), "--redis-url", REDIS_URL,
-                             "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the service did not start within 60 s"
-            time.sleep(0.2)
+    with served(REDIS_URL, prefix) as (base, proc):
         yield base, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        r = redis.Redis.from_url(REDIS_URL)
-        keys = list(r.scan_iter(match=f"{prefix}*"))
-        if keys:
-            r.delete(*keys)
 
 
 def chromium(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -23,7 +23,8 @@ from firstfault.connectors.api.app import create_app
 from firstfault.connectors.api.auth import UI_COOKIE
 from firstfault.connectors.api.settings import ServiceSettings
 
-from test_service_ui import CHROMIUM, free_port
+from test_service_ui import CHROMIUM
+from firstfault.streams.broker import free_port
 
 LOG = "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
 WRITE = "web-safety-write-token"

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 
-import httpx
 import pytest
 
 from firstfault.rules.engine import analyze_path
@@ -167,8 +164,8 @@ def test_what_must_not_give_a_time_or_a_host(tmp_path):
 def serve_pages(tmp_path, diagnoses):
     """`firstfault serve` with ``diagnoses`` stored; yields pages(workload_id) -> (dom, html)."""
     from firstfault.connectors.sinks.redis_store import DiagnosisStore
-    import redis
-    from test_service_ui import CHROMIUM, REDIS_URL, Elements, chromium, free_port
+    from served import served
+    from test_service_ui import CHROMIUM, REDIS_URL, Elements, chromium
 
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium is not installed")
@@ -176,13 +173,6 @@ def serve_pages(tmp_path, diagnoses):
     store = DiagnosisStore(REDIS_URL, prefix=prefix)
     for d in diagnoses:
         store.save(d)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FIRSTFAULT_")}
-    env["FIRSTFAULT_REDIS_PREFIX"] = prefix
-    code = "import sys; from firstfault.connectors.api.serve import serve_main; sys.exit(serve_main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, "--port", str(port), "--redis-url", REDIS_URL,
-                             "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
 
     def pages(wid: str):
         run = chromium(f"{base}/ui/diagnoses/{wid}", tmp_path, "--dump-dom")
@@ -192,28 +182,8 @@ def serve_pages(tmp_path, diagnoses):
         assert dom.root_attrs.get("data-ui-ready") == "true", "the page script did not run"
         return dom, run.stdout
 
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the service did not start within 60 s"
-            time.sleep(0.2)
+    with served(REDIS_URL, prefix) as (base, _):
         yield pages
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        r = redis.Redis.from_url(REDIS_URL)
-        keys = list(r.scan_iter(match=f"{prefix}*"))
-        if keys:
-            r.delete(*keys)
 
 
 def test_the_page_orders_and_marks_bounds_as_the_summary_does(tmp_path):
