@@ -57,7 +57,8 @@ def scheduler_event(workload: WorkloadRecord) -> Ev:
               signature="scheduler_end")
 
 
-_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str)
+# No cycle check: canonical forms are lists of scalars and one fields dict (the output is the same).
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, default=str, check_circular=False)
 
 
 def diagnosis_id(workload: WorkloadRecord, events: Iterable[Ev], inventory: Mapping[str, Any], version: str) -> str:
@@ -170,12 +171,13 @@ def _evidence(ctx: FinalContext, early_steps: Mapping[str, Mapping[str, Any]], c
 
 
 def diagnose(workload: WorkloadRecord, events: Iterable[Ev], catalog: Catalog,
-             inventory: Mapping[str, Any] | None = None) -> Diagnosis:
+             inventory: Mapping[str, Any] | None = None, owned: bool = False) -> Diagnosis:
+    """``owned``: the events are this call's to change (made for it, never read again); else it
+    works on copies, so the caller's stay as extracted (the stream keeps them in state)."""
     inventory = dict(inventory or {})
     evs = [e for e in events if in_horizon(workload, e)]
     did = diagnosis_id(workload, evs, inventory, catalog.version)
-    # Work on copies so the caller's events stay as extracted (the stream keeps them in state).
-    work = [e.copy() for e in evs]
+    work = evs if owned else [e.copy() for e in evs]
     work.append(scheduler_event(workload))
     work.sort(key=lambda e: (e.order_key(), e.signature))
     kept, trail = run_early(catalog, work)

@@ -209,7 +209,7 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
     inventory = _inventory(bundle, metrics.hosts if metrics.lines else None, deadline)
     if intake is not None:
         inventory.update(intake.facts())
-    diagnosis = diagnose(bundle.workload, evs, catalog, inventory)
+    diagnosis = diagnose(bundle.workload, evs, catalog, inventory, owned=not keep_events)
     return Analysis(diagnosis=diagnosis, stats=stats, events=evs if keep_events else [])
 
 

@@ -24,7 +24,6 @@ from .bundle import source_of
 from .catalog import Catalog, Pattern
 from .model import Ev, EventSet
 from .prefilter import Prefilter, TooManyHits, anchor_index
-from .regex import LineMatch
 from .prefixes import Head, StampContext, read_head
 from .stamps import parse_iso, parse_rfc1123z
 
@@ -289,10 +288,21 @@ class Extractor:
         if truncated:
             raw = raw[:MAX_LINE]
             stats.truncated += 1
-        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        text = raw.decode("utf-8", errors="replace")
+        if text[-1:] == "\r":
+            text = text.rstrip("\r")
+            raw = raw.rstrip(b"\r")
         damaged = truncated or "\ufffd" in text
-        head = read_head(text, ctx)
-        found = self._match(self._candidates(frozenset(anchor_ids), source), head.message)
+        # The line's bytes are its UTF-8 unless decoding replaced some: then the digit-blind memos'
+        # keys (its bytes with the digits as "0") are made once here, for the prefixes and the match.
+        zeroed = raw.translate(_ZEROS) if not damaged and len(raw) <= MEMO_BYTES else None
+        head = read_head(text, ctx, zeroed)
+        message = head.message
+        if zeroed is not None and len(raw) == len(text):        # ASCII: byte offsets are character offsets
+            cut = len(text) - len(message)                      # read_head only takes from the front
+            found = self._match(self._candidates(frozenset(anchor_ids), source), message, raw[cut:], zeroed[cut:])
+        else:
+            found = self._match(self._candidates(frozenset(anchor_ids), source), message)
         if found is not None:
             pat, m, base = found
             if pat.scope:
@@ -306,7 +316,7 @@ class Extractor:
             if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
                 # A report's field (kubectl describe's "Finished:") dates its record above it, not the
                 # lines below: only a log line's stated time bounds what follows it.
-                if _own_stamp(head, m.groupdict().get(pat.stamp_field), ctx) and not pat.dates_above:
+                if _own_stamp(head, m.group_text(pat.stamp_field), ctx) and not pat.dates_above:
                     self._note_stated(path, line_no, head.stamp)
             return self._event(found, head, path, source, file_host, line_no, text, damaged,
                                above.events if isinstance(above, _Above) else None)
@@ -356,16 +366,19 @@ class Extractor:
         if 0 < line_no - at <= LOOKBACK and (gap is None or line_no - at < gap):
             head.stamp, head.quality = stamp, "inherited"
 
-    def _match(self, candidates: _Candidates, message: str) -> _Found | None:
+    def _match(self, candidates: _Candidates, message: str, data: bytes | None = None,
+               zeroed: bytes | None = None) -> _Found | None:
         """The first of the candidates (priority order) whose regex matches ``message``: the pattern,
         its match and its fields (constants and typed groups).
 
         A message alike but for its digits to one seen before matches alike (digit-blind patterns,
         ``regex.digit_blind``): the outcome (which pattern, the groups' offsets) is remembered under
         the message with its digits as "0", and the groups are read off this message's own text."""
-        data = message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
+        if data is None:
+            data = message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
+            zeroed = data.translate(_ZEROS) if len(data) <= MEMO_BYTES else None
         outcomes = self._memo.outcomes
-        key = (candidates.cid, data.translate(_ZEROS)) if len(data) <= MEMO_BYTES else None
+        key = (candidates.cid, zeroed) if zeroed is not None else None
         known = outcomes.get(key, _UNSEEN) if key is not None else _UNSEEN
         if known is not _UNSEEN:
             if known is None:
@@ -381,8 +394,7 @@ class Extractor:
             if spans is None:
                 return None
         pat = candidates.patterns[k]
-        m = pat.regex.match_of(message, data, spans)
-        return pat, m, self._memo.plan(pat).fields(m)
+        return pat, _Spans(message, data, spans, pat.regex), self._memo.plan(pat).fields(message, data, spans)
 
     def _event(self, found: _Found, head: Head, path: str, source: str, file_host: str | None,
                line_no: int, text: str, damaged: bool, into: EventSet | None = None) -> Ev:
@@ -468,28 +480,33 @@ def _line_fields(fields: dict[str, Any], head: Head, damaged: bool) -> dict[str,
 class _Plan:
     """What a pattern's events need, worked out once per pattern instead of once per line."""
 
-    __slots__ = ("pat", "head", "console_source", "plain", "_group_by", "_values")
+    __slots__ = ("pat", "head", "console_source", "plain", "_group_by", "_values", "_groups")
 
     def __init__(self, pat: Pattern) -> None:
         self.pat = pat
         self.head = f"{pat.kind}\x1f{pat.id}"
         self.console_source = "app" if "app" in pat.sources else sorted(pat.sources)[0]
         self._group_by = pat.group_by
+        # (name, index, type or None for text) of each named group, in the regex's order
+        self._groups = tuple((name, i, None if pat.types.get(name, str) is str else pat.types[name])
+                             for name, i in pat.regex.names)
         self._values = itemgetter(*pat.group_by) if len(pat.group_by) > 1 else None
         # No lookup of _event names a field the line adds: the pattern's fields answer them all.
         named = {pat.rank_field, pat.host_field, pat.gpu_field, pat.onset_field, *pat.group_by}
         self.plain = not named & LINE_ADDS
 
-    def fields(self, m: LineMatch) -> dict[str, Any]:
-        """The pattern's constants and typed groups, in the order events carry them."""
+    def fields(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> dict[str, Any]:
+        """The pattern's constants and typed groups (read off ``spans``, the regex's on ``data``, the
+        UTF-8 of ``text``), in the order events carry them."""
         fields: dict[str, Any] = dict(self.pat.constants)
-        types = self.pat.types
-        for name, value in m.groupdict().items():
-            if value is None:
+        ascii_ = len(data) == len(text)         # byte offsets are character offsets
+        for name, i, typ in self._groups:
+            start, end = spans[i]
+            if start < 0:
                 fields.setdefault(name, None)
                 continue
-            typ = types.get(name, str)
-            fields[name] = value if typ is str else _typed(typ, value)
+            value = text[start:end] if ascii_ else data[start:end].decode("utf-8", "replace")
+            fields[name] = value if typ is None else _typed(typ, value)
         return fields
 
     def group(self, fields: dict[str, Any]) -> str:
@@ -513,7 +530,19 @@ def _first(candidates: tuple[Pattern, ...], data: bytes) -> tuple[int, list | No
     return len(candidates), None
 
 
-_Found = tuple[Pattern, LineMatch, dict[str, Any]]
+class _Spans:
+    """A match as its spans, read only when a group's text is asked for (most lines never are)."""
+
+    __slots__ = ("text", "data", "spans", "regex")
+
+    def __init__(self, text: str, data: bytes, spans: list[tuple[int, int]], regex) -> None:
+        self.text, self.data, self.spans, self.regex = text, data, spans, regex
+
+    def group_text(self, name: str) -> str | None:
+        return self.regex.match_of(self.text, self.data, self.spans).groupdict().get(name)
+
+
+_Found = tuple[Pattern, _Spans, dict[str, Any]]
 _UNSEEN = object()
 LINE_ADDS = frozenset({"damaged_line", "uptime_s", "pid_prefix", "cuda_dev", "host_basis"})    # see _line_fields
 _ZEROS = bytes.maketrans(b"0123456789", b"0000000000")
@@ -594,6 +623,13 @@ class _Above:
         prev = self.memo.get("last")
         n = self.line_no
         source = None
+        if prev is not None and prev[0] == n - 1:
+            # The line just above inherited too (a traceback, a run of NCCL warnings): the scan below
+            # would stop at once on it and take its find, so take it without the scan.
+            if prev[1] is not None and n - prev[2] <= LOOKBACK:
+                head.stamp, head.quality, source = prev[1], "inherited", prev[2]
+            self.memo["last"] = (n, head.stamp, source)
+            return None if source is None else n - source
         for raw in _lines_above(self.block, self.start, self.tail):
             n -= 1
             if prev is not None and n <= prev[0]:

@@ -73,6 +73,8 @@ class FinalContext:
     fault_of: dict[int, Ev] = field(default_factory=dict)      # id(report) -> the report it was folded into
     _workload_timeout: float | None = None
     _children: tuple[int, dict[int, list[Ev]]] | None = None    # (edges seen, id(source) -> targets)
+    _tol: tuple[Any, Any, timedelta] | None = None    # (clock bound, tolerance setting, tol()) of the last call
+    _shifts: dict[float, timedelta] = field(default_factory=dict)   # a clock offset (s) -> as a timedelta
 
     def children(self) -> dict[int, list[Ev]]:
         """id(source) -> the events it explains. Edges are only ever appended: the map is extended
@@ -111,8 +113,13 @@ class FinalContext:
         self.steps.append(Step(rule_id, action, list(events or []), detail))
 
     def tol(self) -> timedelta:
-        bound = self.clock_bound_s if self.clock_bound_s is not None else 0.0
-        return timedelta(seconds=max(float(self.settings["clock_tolerance_s"]), bound))
+        # Asked once a pair of events; it changes only with the clock bound (final.clock sets it).
+        setting = self.settings["clock_tolerance_s"]
+        known = self._tol
+        if known is None or known[0] != self.clock_bound_s or known[1] != setting:
+            bound = self.clock_bound_s if self.clock_bound_s is not None else 0.0
+            known = self._tol = (self.clock_bound_s, setting, timedelta(seconds=max(float(setting), bound)))
+        return known[2]
 
     def when(self, ev: Ev) -> datetime | None:
         """Corrected onset (what the line reports began), else corrected stamp."""
@@ -122,7 +129,11 @@ class FinalContext:
         """Corrected time the line was written."""
         if ev.stamp is None:
             return None
-        return ev.stamp - timedelta(seconds=self.offsets.get(ev.host or "", 0.0))
+        offset = self.offsets.get(ev.host or "", 0.0)
+        shift = self._shifts.get(offset)
+        if shift is None:
+            shift = self._shifts[offset] = timedelta(seconds=offset)
+        return ev.stamp - shift
 
     def timeout_ms(self, ev: Ev) -> float:
         """The event's stated timeout, else the longest one the workload's lines state, else the default.
@@ -304,29 +315,43 @@ class _TargetPool:
 
     def __init__(self, events: list[Ev]) -> None:
         self.events = events
-        self._columns: dict[str, list[Any]] = {}
-        self._verdicts: dict[Any, list[bool]] = {}
+        self._groups: dict[str, tuple[dict[tuple[type, Any], list[int]], list[tuple[int, Any]]]] = {}
+        self._verdicts: dict[Any, set[int]] = {}
 
-    def _verdict(self, key: str, matcher: Matcher) -> list[bool]:
+    def _by_value(self, key: str) -> tuple[dict[tuple[type, Any], list[int]], list[tuple[int, Any]]]:
+        """The events' positions by their value of ``key`` (keyed with the type: 1, 1.0 and True are
+        equal keys, not equal strings), and the (position, value) of values that cannot be hashed."""
+        found = self._groups.get(key)
+        if found is None:
+            groups: dict[tuple[type, Any], list[int]] = {}
+            odd: list[tuple[int, Any]] = []
+            if key.startswith("fields."):           # value_of, without a call an event
+                name = key[7:]
+                column = [e.fields.get(name) for e in self.events]
+            else:
+                column = [getattr(e, key, None) for e in self.events]
+            for i, value in enumerate(column):
+                try:
+                    groups.setdefault((type(value), value), []).append(i)
+                except TypeError:           # a list in fields
+                    odd.append((i, value))
+            found = self._groups[key] = (groups, odd)
+        return found
+
+    def _verdict(self, key: str, matcher: Matcher) -> set[int]:
+        """The positions of the events whose ``key`` the matcher accepts: one test per distinct value."""
         try:
             have = self._verdicts.get((key, matcher))
         except TypeError:                   # a matcher whose argument cannot be hashed
             have = None
         if have is not None:
             return have
-        column = self._columns.get(key)
-        if column is None:
-            column = self._columns[key] = [value_of(e, key) for e in self.events]
-        by_value: dict[tuple[type, Any], bool] = {}
-        have = []
-        for value in column:
-            try:                            # keyed with the type: 1, 1.0 and True are equal keys, not equal strings
-                ok = by_value.get((type(value), value))
-                if ok is None:
-                    ok = by_value[(type(value), value)] = matcher.test(value)
-            except TypeError:               # a value that cannot be hashed (a list in fields)
-                ok = matcher.test(value)
-            have.append(ok)
+        groups, odd = self._by_value(key)
+        have = set()
+        for (_, value), positions in groups.items():
+            if matcher.test(value):
+                have.update(positions)
+        have.update(i for i, value in odd if matcher.test(value))
         try:
             self._verdicts[(key, matcher)] = have
         except TypeError:
@@ -334,10 +359,15 @@ class _TargetPool:
         return have
 
     def matching(self, cond: Condition) -> list[Ev]:
-        keep = [True] * len(self.events)
+        keep: set[int] | None = None
         for key, matcher in cond.terms:
-            keep = [a and b for a, b in zip(keep, self._verdict(key, matcher))]
-        return [e for e, ok in zip(self.events, keep) if ok]
+            verdict = self._verdict(key, matcher)
+            keep = verdict if keep is None else keep & verdict
+            if not keep:
+                return []
+        if keep is None:
+            return list(self.events)
+        return [self.events[i] for i in sorted(keep)]
 
 
 def reachable(ctx: FinalContext, root: Ev) -> list[Ev]:

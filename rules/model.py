@@ -63,9 +63,13 @@ class Ev:
 
     def canonical(self) -> list:
         """The extracted content (nothing the rules add), for content hashing."""
+        stamp = _iso(self.stamp)
+        # Most events' three times are one object (a line's stamp is its onset and its last): written once.
+        last = stamp if self.last_stamp is self.stamp else _iso(self.last_stamp)
+        onset = stamp if self.onset is self.stamp else _iso(self.onset)
         return [self.kind, self.pattern, self.source, self.path, self.line, self.text, self.host, self.pci,
-                self.gpu_index, self.rank, _iso(self.stamp), _iso(self.last_stamp), _iso(self.onset), self.quality,
-                self.fields, self.count, sorted(self.ranks), self.signature]
+                self.gpu_index, self.rank, stamp, last, onset, self.quality,
+                self.fields, self.count, sorted(self.ranks) if self.ranks else [], self.signature]
 
     def ref(self) -> Ref:
         return Ref(path=self.path, line=self.line)

@@ -98,7 +98,7 @@ class StampContext:
     boot: datetime | None = None   # the file host's boot instant, for dmesg uptime
 
 
-@dataclass
+@dataclass(slots=True)
 class Head:
     message: str
     stamp: datetime | None = None
@@ -257,11 +257,29 @@ _ZEROS = bytes.maketrans(b"0123456789", b"0000000000")
 _CHAINS: dict[bytes, tuple[tuple[re.Pattern[str], Callable], ...]] = {}
 _CHAINS_MAX = 4096                 # then forgotten at once
 _CHAIN_LINE = 1024                 # longer lines are read, not keyed: the memo stays a few MiB
+# A pointer (printf's %p: NCCL's "opId=0x7f018ec0a720") differs from line to line in its hex letters
+# too. No shape tells a-f from 0-9 inside a whole word "0x<hex>": the classes that reach into it hold
+# both (\w, [\w.-], [^|\n]), and a digit run (\d+) cannot pass its "x". A line with a progress bar keeps
+# its letters all the same: tqdm's shape reads digits apart from letters right before its "%|".
+_POINTER = re.compile(rb"(?<![0-9A-Za-z_])0x[0-9a-f]+(?![0-9A-Za-z_])")
 
 
-def read_head(line: str, ctx: StampContext) -> Head:
-    """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
-    key = line.encode("utf-8", "surrogatepass").translate(_ZEROS) if len(line) <= _CHAIN_LINE else None
+def _pointer_blind(key: bytes) -> bytes:
+    """The chain key with each pointer's hex letters as "0" too (same length: offsets stay)."""
+    if b"0x" not in key or b"%|" in key:
+        return key
+    return _POINTER.sub(lambda m: b"0x" + b"0" * (len(m[0]) - 2), key)
+
+
+def read_head(line: str, ctx: StampContext, zeroed: bytes | None = None) -> Head:
+    """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start.
+
+    ``zeroed``: the line's UTF-8 with its ASCII digits as "0", when the caller has it (one translation
+    a line, shared with the match memo)."""
+    if len(line) > _CHAIN_LINE:
+        key = None
+    else:
+        key = _pointer_blind(zeroed if zeroed is not None else line.encode("utf-8", "surrogatepass").translate(_ZEROS))
     chain = _CHAINS.get(key) if key is not None else None
     if chain is not None:
         head = _replay(line, chain, ctx)

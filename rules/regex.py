@@ -99,6 +99,11 @@ class LinearRegex:
         spans = self._rx.Match(_UNANCHORED, data, 0, len(data))
         return None if spans[0][0] < 0 else spans
 
+    @property
+    def names(self) -> tuple[tuple[str, int], ...]:
+        """The named groups and their indices, in group order."""
+        return self._names
+
     def match_of(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> LineMatch:
         """The named groups that ``spans`` (of this regex, on ``data``, the UTF-8 of ``text``) mark."""
         groups: dict[str, str | None] = {}

@@ -262,7 +262,7 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, Chosen], catalog: Catalog, m
         bar.close()
     counts["raw"] = core.counters.records
     return {k: diagnose(a.event.workload, [Ev.from_schema(e) for e in events[k].values()], catalog,
-                        stream_inventory(a.event.workload, paths[k], metric_hosts[k]))
+                        stream_inventory(a.event.workload, paths[k], metric_hosts[k]), owned=True)
             for k, a in chosen.items()}
 
 

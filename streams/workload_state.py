@@ -369,7 +369,8 @@ def diagnose_state(state: WorkloadState, catalog: Catalog) -> Diagnosis:
     """The diagnosis of the evidence so far, exactly as the offline path would compute it."""
     assert state.workload is not None
     inventory = stream_inventory(state.workload, state.paths, state.metric_hosts)
-    return diagnose(state.workload, [Ev.from_schema(e) for e in state.events.values()], catalog, inventory)
+    return diagnose(state.workload, [Ev.from_schema(e) for e in state.events.values()], catalog, inventory,
+                    owned=True)
 
 
 def _emit(state: WorkloadState, d: Diagnosis, revision: int, provisional: bool) -> Diagnosis:

@@ -197,6 +197,41 @@ def test_every_prefix_shape_reads_the_ten_digits_alike():
     ("[E1331 10:13:12.1 a.cc:1] 5: z", "[E1130 10:13:12.1 a.cc:1] 5: z"),
 ])
 def test_lines_alike_but_for_digits_read_as_if_alone(first, second):
+    _reads_as_if_alone(first, second)
+
+
+@pytest.mark.parametrize("first, second", [
+    # NCCL proxy.cc: WARN("Socket recv failed while polling for opId=%p", opId); a pointer in the prefix's place too
+    ("2219: gpu-278:236252:236563 [3] proxy.cc:1143 NCCL WARN Socket recv failed while polling for opId=0x7f018ec0a720",
+     "2219: gpu-278:236252:236563 [3] proxy.cc:1143 NCCL WARN Socket recv failed while polling for opId=0x7fceb9c55ae0"),
+    ("0x7f01ab: 3: y", "0x7f0123: 3: y"),
+    ("[0x1f]<stdout>: z", "[0x10]<stdout>: z"),
+    ("(pid=0x1f) w", "(pid=0x10) w"),
+])
+def test_lines_alike_but_for_a_pointer_read_as_if_alone(first, second):
+    _reads_as_if_alone(first, second)
+
+
+def test_a_pointer_does_not_make_a_new_chain():
+    from firstfault.rules import prefixes
+
+    line = "2219: gpu-278:236252:236563 [3] proxy.cc:1143 NCCL WARN Socket recv failed while polling for opId=0x{}"
+    prefixes._CHAINS.clear()
+    read_head(line.format("7f018ec0a720"), CTX)
+    read_head(line.format("7fceb9c55ae0"), CTX)
+    assert len(prefixes._CHAINS) == 1
+
+
+def test_pointer_blind_keys():
+    from firstfault.rules.prefixes import _pointer_blind
+
+    assert _pointer_blind(b"opId=0x7f00ec0a000 x") == b"opId=0x00000000000 x"
+    assert _pointer_blind(b"a0x7f 0x7fz _0x7f") == b"a0x7f 0x7fz _0x7f"        # not whole words
+    assert _pointer_blind(b"0x1f%|#| 0/0") == b"0x1f%|#| 0/0"                # a progress bar: kept
+    assert _pointer_blind(b"0xABC") == b"0xABC"                              # %p prints lower case
+
+
+def _reads_as_if_alone(first: str, second: str) -> None:
     from firstfault.rules import prefixes
 
     def fields(head):
