@@ -65,6 +65,7 @@ from .progress import ProgressView
 from .rules_feed import RulesFollower
 from .workload_state import (
     Now, Wake, WorkloadState, apply_scheduler, decide, expired, merge_batch, new_state, next_wake, settle,
+    state_json,
     state_key,
 )
 
@@ -307,7 +308,7 @@ class Correlator:
             self._parsed.pop(st.key, None)
 
     def _save(self, st: WorkloadState, before: bytes | None = None) -> None:
-        raw = state_codec.encode(st.model_dump_json())
+        raw = state_codec.encode(state_json(st))
         if raw == before:                        # e.g. a redelivered record: nothing to log
             if before is not None and self.table.data.get(st.key) is before:
                 self._keep_parsed(st, before)

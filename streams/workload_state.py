@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
 
 from firstfault.rules.catalog import Catalog
 from firstfault.rules.diagnose import diagnose
@@ -103,6 +105,36 @@ class WorkloadState(BaseModel):
     @property
     def key(self) -> str:
         return state_key(self.workload_id, self.attempt)
+
+
+_EVENT_JSON = Event.__pydantic_serializer__.to_json     # what model_dump_json() calls, without its wrapper
+# id(state) -> signature -> (the event, its key's and its own JSON) as state_json last wrote them:
+# beside the state, not in it (a state's equality is its content), and dropped when it is freed
+_WRITTEN: dict[int, dict[str, tuple[Event, str]]] = {}
+
+
+def state_json(state: WorkloadState) -> str:
+    """The state's JSON, as the table and its changelog keep it, with its events last.
+
+    A state is written whole after every window of batches, and most of it is its events, most of
+    which did not change: each event's JSON is kept on the (parsed) state and made again only for an
+    event that is new or was replaced (merges replace events, never change them). Deterministic: the
+    same state gives the same text, whatever was kept; ``WorkloadState.model_validate_json`` reads it."""
+    head = state.model_dump_json(exclude={"events"})
+    kept = _WRITTEN.get(id(state))
+    if kept is None:
+        kept = _WRITTEN[id(state)] = {}
+        weakref.finalize(state, _WRITTEN.pop, id(state), None)
+    parts = []
+    for sig, ev in state.events.items():
+        have = kept.get(sig)
+        if have is None or have[0] is not ev:
+            have = kept[sig] = (ev, to_json(sig).decode() + ":" + _EVENT_JSON(ev).decode())
+        parts.append(have[1])
+    if len(kept) > len(state.events):          # events gone (a retracted crossing): forget them
+        for sig in [s for s in kept if s not in state.events]:
+            del kept[sig]
+    return head[:-1] + ',"events":{' + ",".join(parts) + "}}"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from firstfault.schemas import Diagnosis, Event, EventBatch, SchedulerEvent, Wor
 from firstfault.streams.config import StreamConfig
 from firstfault.streams.workload_state import (
     Now, WorkloadState, apply_scheduler, decide, diagnose_state, due_for_final, expired, merge_batch, new_state,
-    next_wake, past_lateness, result_hash, settle, strong_root_signatures,
+    next_wake, past_lateness, result_hash, settle, state_json, strong_root_signatures,
 )
 
 from conftest import SAMPLES, sample_dirs
@@ -351,3 +351,27 @@ def test_the_stored_form_of_a_state_is_compressed_deterministic_and_reads_the_ol
     assert state_codec.decode(text.encode()) == text and state_codec.decode(text) == text
     with pytest.raises(ValueError):
         state_codec.decode(state_codec.MARK + b"not zlib")
+
+
+def test_the_state_text_reuses_unchanged_events_and_is_the_same_text_as_written_fresh(catalog):
+    # The correlator writes a state after every window of batches; each event's JSON is kept on the
+    # parsed state. Whatever was kept, the text is the one a fresh state gives, and reads back.
+    wl, events, paths, _ = sample("gpu-fell-off-bus-32node")
+    st = new_state(wl.workload_id, wl.attempt, T0)
+    apply_scheduler(st, sched("start", wl), T0)
+    fresh_texts = []
+    for batch in split_batches(wl, events, paths, random.Random(7), 6):
+        merge_batch(st, batch, catalog)
+        text = state_json(st)                                  # with what the last window kept
+        fresh = WorkloadState.model_validate_json(st.model_dump_json())
+        assert state_json(fresh) == text                       # nothing kept: the same text
+        back = WorkloadState.model_validate_json(text)
+        assert back == st and back.model_dump_json() == st.model_dump_json()
+        assert json.loads(text) == json.loads(st.model_dump_json())
+        fresh_texts.append(text)
+    assert len(set(fresh_texts)) == len(fresh_texts)           # every window changed the state
+    replaced = next(iter(st.events))                           # a merge replaces an event: written anew
+    st.events[replaced] = st.events[replaced].model_copy(update={"count": 999})
+    assert '"count":999' in state_json(st)
+    del st.events[replaced]                                    # a retracted crossing: gone from the text
+    assert json.loads(state_json(st))["events"].keys() == st.events.keys()
