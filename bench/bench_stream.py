@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the streaming path on a real broker (the embedded Tansu unless --bootstrap).
 
-    python bench/bench_stream.py [--lines 100000] [--nodes 16] [--copies 50] [--workloads 20] [--json]
+    python bench/bench_stream.py [--lines 100000] [--nodes 16] [--copies 200] [--workloads 20] [--json]
 
 Each measurement has its own topics (a fresh prefix) and fails on its own: one that
 cannot run (e.g. the correlator does not start) reports its error and the others
@@ -15,7 +15,8 @@ still run. In one run, on one generated job (bench/gen_bundle.py, ~97 % noise):
 * ``extractor_worker``: the whole ``ExtractorWorker`` loop (consume, decode, extract,
   produce EventBatches, commit) fed from the topic, in process;
 * ``correlator``: one correlator worker process on pre-produced EventBatches of
-  ``--copies`` copies of the job, rate from its committed offsets (commit interval 0.2 s);
+  ``--copies`` copies of the job, rate from its committed offsets (commit interval 0.2 s),
+  per wall second and per second of the worker's own CPU;
 * ``latency``: end event -> final diagnosis over ``--workloads`` attempts whose
   start and evidence the correlator already holds; p50/p99, raw and beyond the grace.
 
@@ -222,8 +223,18 @@ class Correlator:
         res = fut[self.group].result(10)
         return sum(tp.offset for tp in res.topic_partitions if tp.offset > 0)
 
-    def wait_committed(self, cfg: StreamConfig, topic: str, total: int, timeout: float) -> list[tuple[float, int]]:
-        """(time, committed) samples until everything is committed; raises if the worker dies or stalls."""
+    def cpu_s(self) -> float | None:
+        """The worker's CPU seconds so far (user + system, from /proc), None where /proc has none."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def wait_committed(self, cfg: StreamConfig, topic: str, total: int,
+                       timeout: float) -> list[tuple[float, int, float | None]]:
+        """(time, committed, worker CPU s) samples until everything is committed; raises if the worker
+        dies or stalls."""
         admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
         parts = list(range(cfg.partitions))
         samples: list[tuple[float, int]] = []
@@ -232,7 +243,7 @@ class Correlator:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the correlator exited with code {self.proc.returncode}; see {self.log_path}")
             n = self.committed(admin, topic, parts)
-            samples.append((time.perf_counter(), n))
+            samples.append((time.perf_counter(), n, self.cpu_s()))
             if n >= total:
                 return samples
             time.sleep(0.1)
@@ -284,13 +295,18 @@ def m_correlator(base: StreamConfig, job: Job, copies: int, tmp: Path) -> dict[s
         samples = worker.wait_committed(cfg, cfg.topic("events"), len(events), timeout=600)
     finally:
         worker.stop()
-    moving = [(t, n) for t, n in samples if n > 0]
-    (t1, n1), (t2, n2) = moving[0], moving[-1]
+    moving = [s for s in samples if s[1] > 0]
+    (t1, n1, c1), (t2, n2, c2) = moving[0], moving[-1]
     secs = t2 - t1
     per_batch = n_events / len(events)
+    cpu = c2 - c1 if c1 is not None and c2 is not None else None
     return {"event_batches": len(events), "events": n_events, "workloads": copies,
             "batches_per_s": rate(n2 - n1, secs), "events_per_s": rate((n2 - n1) * per_batch, secs),
-            "seconds": round(secs, 3), "ready_s": round(t1 - worker.started, 3),
+            # the worker's own CPU over the same window: steadier than wall time where the broker and
+            # other work share the cores
+            "events_per_cpu_s": rate((n2 - n1) * per_batch, cpu) if cpu else None,
+            "seconds": round(secs, 3), "cpu_s": round(cpu, 3) if cpu is not None else None,
+            "ready_s": round(t1 - worker.started, 3),
             "note": "rate between the first and the last committed-offset sample (commit interval 0.2 s)"}
 
 
@@ -367,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=100_000, help="lines in the generated job")
     ap.add_argument("--nodes", type=int, default=16)
-    ap.add_argument("--copies", type=int, default=50, help="correlator: copies of the job's EventBatches")
+    ap.add_argument("--copies", type=int, default=200,
+                    help="correlator: copies of the job's EventBatches (200: a window of several seconds, so the "
+                         "0.2 s commit interval moves the rate by a few per cent, not tens)")
     ap.add_argument("--workloads", type=int, default=20, help="latency: attempts ended one after another")
     ap.add_argument("--end-interval", type=float, default=0.5, help="latency: seconds between end events")
     ap.add_argument("--partitions", type=int, default=4)

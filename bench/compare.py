@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the benchmarks on another revision and on the working tree, in one run, and print ratios.
 
-    python bench/compare.py REV [--only analyze stream service startup] [--rounds 2] [--json]
+    python bench/compare.py REV [--only analyze cascade stream service startup] [--rounds 2] [--json]
     (bench/compare.sh REV is the same)
 
 REV is checked out in a temporary git worktree with its own virtualenv that reuses this
@@ -37,17 +37,28 @@ BENCHES: dict[str, tuple[list[str], list[tuple[str, tuple[str, ...], str]]]] = {
         ("extraction s (noise)", ("extraction_vs_grep", "firstfault_s"), "time"),
         ("grep s (yardstick)", ("extraction_vs_grep", "grep_s"), "time"),
     ]),
-    "stream": (["bench/bench_stream.py", "--json", "--only", "consume_ceiling", "extractor_worker", "correlator",
-                "latency"], [
+    # --copies given: both sides run the same correlator window (REV's script may default to fewer)
+    "stream": (["bench/bench_stream.py", "--json", "--copies", "200", "--only", "consume_ceiling", "extractor_worker",
+                "correlator", "latency"], [
         ("consume ceiling rec/s (yardstick)", ("consume_ceiling", "records_per_s"), "rate"),
         ("extractor records/s", ("extractor_worker", "records_per_s"), "rate"),
         ("correlator events/s", ("correlator", "events_per_s"), "rate"),
+        ("correlator events per CPU s", ("correlator", "events_per_cpu_s"), "rate"),
         ("end->final p99 beyond grace s", ("latency", "p99_beyond_grace_s"), "time"),
     ]),
     "startup": (["bench/bench_startup.py", "--json"], [
         ("python -c pass s (yardstick)", ("python_bare", "wall_s_min"), "time"),
         ("analyze small file s (warm cache)", ("analyze_warm", "wall_s_min"), "time"),
         ("analyze small file s (cold cache)", ("analyze_cold", "wall_s_min"), "time"),
+    ]),
+    # bench_cascade's default set: 512 ranks and 20k matched lines, 2,048 and 80k (IB down), 4,096 and 200k
+    "cascade": (["bench/bench_cascade.py", "--json"], [
+        *((f"cascade {name} {what}", ("cases", i, key), "time")
+          for i, name in enumerate(("512r/20k", "2048r/80k", "4096r/200k"))
+          for what, key in (("wall s", "wall_s"), ("cpu s", "cpu_s"), ("us per matched line", "us_per_matched_line"))),
+        ("cascade 4096r/200k FINAL cpu s", ("cases", 2, "stages_s", "final"), "time"),
+        ("cascade 4096r/200k peak RSS MB", ("cases", 2, "peak_rss_mb"), "time"),
+        ("cascade 4096r/200k grep s (yardstick)", ("cases", 2, "grep", "wall_s"), "time"),
     ]),
     "service": (["bench/bench_service.py", "--json"], [
         ("service req/s", ("requests_per_s",), "rate"),
@@ -86,12 +97,16 @@ def prepare(rev: str, tmp: Path) -> Path:
     return py
 
 
-def dig(d: dict, path: tuple[str, ...]):
+def dig(d: dict, path: tuple[str | int, ...]):
+    """The number at ``path`` (dict keys; an int indexes a list), None if absent."""
     for k in path:
-        if not isinstance(d, dict) or k not in d:
+        if isinstance(k, int):
+            if not isinstance(d, list) or not -len(d) <= k < len(d):
+                return None
+        elif not isinstance(d, dict) or k not in d:
             return None
         d = d[k]
-    return d if isinstance(d, (int, float)) else None
+    return d if isinstance(d, (int, float)) and not isinstance(d, bool) else None
 
 
 def run(py: Path, tree: Path, args: list[str], cwd: Path) -> dict:
