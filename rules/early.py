@@ -107,6 +107,15 @@ def _rules_for(catalog: Catalog, kind: str) -> tuple[EarlyRule, ...]:
     return tuple(r for r in catalog.early if applies(r))
 
 
+@lru_cache(maxsize=4096)
+def may_be_strong_root(catalog: Catalog, kind: str) -> bool:
+    """Can the EARLY rules make an event of this kind a strong root? Only a tag rule that says so, or a
+    decoder (its tag depends on the event), can: without one, ``run_early`` need not be asked."""
+    return any(r.action == "decode" or (r.action == "tag" and r.tag is not None and r.tag.role == "root"
+                                        and r.tag.strength == "strong")
+               for r in _rules_for(catalog, kind))
+
+
 def run_early(catalog: Catalog, events: Iterable[Ev]) -> tuple[list[Ev], EarlyTrail]:
     """Tag every event; drop noise. Returns (kept events, trail). Pure apart from mutating events."""
     trail = EarlyTrail()

@@ -41,7 +41,7 @@ from pydantic_core import to_json
 
 from firstfault.rules.catalog import Catalog
 from firstfault.rules.diagnose import diagnose
-from firstfault.rules.early import run_early
+from firstfault.rules.early import may_be_strong_root, run_early
 from firstfault.rules.engine import stream_inventory
 from firstfault.rules.model import Ev
 from firstfault.schemas import Diagnosis, Event, EventBatch, MissingEvidence, SchedulerEvent, WorkloadRecord
@@ -214,8 +214,9 @@ def apply_scheduler(state: WorkloadState, ev: SchedulerEvent, wall_now: datetime
 
 
 def strong_root_signatures(events: list[Event], catalog: Catalog) -> set[str]:
-    """Signatures of the events the EARLY rules tag as a strong root (on copies)."""
-    evs = [Ev.from_schema(e) for e in events]
+    """Signatures of the events the EARLY rules tag as a strong root (on copies). Asked of every batch
+    of a running attempt: events of a kind no rule can make a strong root are not tried."""
+    evs = [Ev.from_schema(e) for e in events if may_be_strong_root(catalog, e.kind)]
     kept, _ = run_early(catalog, evs)
     return {e.signature for e in kept if e.role == "root" and e.strength == "strong"}
 

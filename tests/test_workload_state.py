@@ -375,3 +375,19 @@ def test_the_state_text_reuses_unchanged_events_and_is_the_same_text_as_written_
     assert '"count":999' in state_json(st)
     del st.events[replaced]                                    # a retracted crossing: gone from the text
     assert json.loads(state_json(st))["events"].keys() == st.events.keys()
+
+
+@pytest.mark.parametrize("bundle", [p.name for p in sample_dirs()])
+def test_strong_roots_are_found_as_running_every_event_through_early_would(bundle, catalog):
+    # A running attempt's every batch is asked for strong roots; kinds no EARLY rule can make one
+    # are not run: the answer is the one running them all gives.
+    from firstfault.rules.early import may_be_strong_root, run_early
+    from firstfault.rules.model import Ev
+
+    _, events, _, _ = sample(bundle)
+    kept, _ = run_early(catalog, [Ev.from_schema(e) for e in events])
+    assert strong_root_signatures(list(events), catalog) == {
+        e.signature for e in kept if e.role == "root" and e.strength == "strong"}
+    if bundle == "gpu-fell-off-bus-32node":                # the cascade's echoes are not tried
+        assert any(not may_be_strong_root(catalog, e.kind) for e in events)
+        assert strong_root_signatures(list(events), catalog)
