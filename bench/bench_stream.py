@@ -237,7 +237,7 @@ class Correlator:
         dies or stalls."""
         admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
         parts = list(range(cfg.partitions))
-        samples: list[tuple[float, int]] = []
+        samples: list[tuple[float, int, float | None]] = []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

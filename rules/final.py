@@ -325,7 +325,7 @@ class _TargetPool:
         if found is None:
             groups: dict[tuple[type, Any], list[int]] = {}
             odd: list[tuple[int, Any]] = []
-            if key.startswith("fields."):           # value_of, without a call an event
+            if key.startswith("fields."):           # value_of's lookup, without a call per event
                 name = key[7:]
                 column = [e.fields.get(name) for e in self.events]
             else:

@@ -117,8 +117,8 @@ def state_json(state: WorkloadState) -> str:
     """The state's JSON, as the table and its changelog keep it, with its events last.
 
     A state is written whole after every window of batches, and most of it is its events, most of
-    which did not change: each event's JSON is kept on the (parsed) state and made again only for an
-    event that is new or was replaced (merges replace events, never change them). Deterministic: the
+    which did not change: each event's JSON is kept beside the (parsed) state and made again only for
+    an event that is new or was replaced (merges replace events, never change them). Deterministic: the
     same state gives the same text, whatever was kept; ``WorkloadState.model_validate_json`` reads it."""
     head = state.model_dump_json(exclude={"events"})
     kept = _WRITTEN.get(id(state))
