@@ -288,21 +288,10 @@ class Extractor:
         if truncated:
             raw = raw[:MAX_LINE]
             stats.truncated += 1
-        text = raw.decode("utf-8", errors="replace")
-        if text[-1:] == "\r":
-            text = text.rstrip("\r")
-            raw = raw.rstrip(b"\r")
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
         damaged = truncated or "\ufffd" in text
-        # The line's bytes are its UTF-8 unless decoding replaced some: then the digit-blind memos'
-        # keys (its bytes with the digits as "0") are made once here, for the prefixes and the match.
-        zeroed = raw.translate(_ZEROS) if not damaged and len(raw) <= MEMO_BYTES else None
-        head = read_head(text, ctx, zeroed)
-        message = head.message
-        if zeroed is not None and len(raw) == len(text):        # ASCII: byte offsets are character offsets
-            cut = len(text) - len(message)                      # read_head only takes from the front
-            found = self._match(self._candidates(frozenset(anchor_ids), source), message, raw[cut:], zeroed[cut:])
-        else:
-            found = self._match(self._candidates(frozenset(anchor_ids), source), message)
+        head = read_head(text, ctx)
+        found = self._match(self._candidates(frozenset(anchor_ids), source), head.message)
         if found is not None:
             pat, m, base = found
             if pat.scope:
@@ -366,19 +355,16 @@ class Extractor:
         if 0 < line_no - at <= LOOKBACK and (gap is None or line_no - at < gap):
             head.stamp, head.quality = stamp, "inherited"
 
-    def _match(self, candidates: _Candidates, message: str, data: bytes | None = None,
-               zeroed: bytes | None = None) -> _Found | None:
+    def _match(self, candidates: _Candidates, message: str) -> _Found | None:
         """The first of the candidates (priority order) whose regex matches ``message``: the pattern,
         its match and its fields (constants and typed groups).
 
         A message alike but for its digits to one seen before matches alike (digit-blind patterns,
         ``regex.digit_blind``): the outcome (which pattern, the groups' offsets) is remembered under
         the message with its digits as "0", and the groups are read off this message's own text."""
-        if data is None:
-            data = message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
-            zeroed = data.translate(_ZEROS) if len(data) <= MEMO_BYTES else None
+        data = message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
         outcomes = self._memo.outcomes
-        key = (candidates.cid, zeroed) if zeroed is not None else None
+        key = (candidates.cid, data.translate(_ZEROS)) if len(data) <= MEMO_BYTES else None
         known = outcomes.get(key, _UNSEEN) if key is not None else _UNSEEN
         if known is not _UNSEEN:
             if known is None:

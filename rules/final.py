@@ -73,8 +73,6 @@ class FinalContext:
     fault_of: dict[int, Ev] = field(default_factory=dict)      # id(report) -> the report it was folded into
     _workload_timeout: float | None = None
     _children: tuple[int, dict[int, list[Ev]]] | None = None    # (edges seen, id(source) -> targets)
-    _tol: tuple[Any, Any, timedelta] | None = None    # (clock bound, tolerance setting, tol()) of the last call
-    _shifts: dict[float, timedelta] = field(default_factory=dict)   # a clock offset (s) -> as a timedelta
 
     def children(self) -> dict[int, list[Ev]]:
         """id(source) -> the events it explains. Edges are only ever appended: the map is extended
@@ -113,13 +111,8 @@ class FinalContext:
         self.steps.append(Step(rule_id, action, list(events or []), detail))
 
     def tol(self) -> timedelta:
-        # Asked once a pair of events; it changes only with the clock bound (final.clock sets it).
-        setting = self.settings["clock_tolerance_s"]
-        known = self._tol
-        if known is None or known[0] != self.clock_bound_s or known[1] != setting:
-            bound = self.clock_bound_s if self.clock_bound_s is not None else 0.0
-            known = self._tol = (self.clock_bound_s, setting, timedelta(seconds=max(float(setting), bound)))
-        return known[2]
+        bound = self.clock_bound_s if self.clock_bound_s is not None else 0.0
+        return timedelta(seconds=max(float(self.settings["clock_tolerance_s"]), bound))
 
     def when(self, ev: Ev) -> datetime | None:
         """Corrected onset (what the line reports began), else corrected stamp."""
@@ -129,11 +122,7 @@ class FinalContext:
         """Corrected time the line was written."""
         if ev.stamp is None:
             return None
-        offset = self.offsets.get(ev.host or "", 0.0)
-        shift = self._shifts.get(offset)
-        if shift is None:
-            shift = self._shifts[offset] = timedelta(seconds=offset)
-        return ev.stamp - shift
+        return ev.stamp - timedelta(seconds=self.offsets.get(ev.host or "", 0.0))
 
     def timeout_ms(self, ev: Ev) -> float:
         """The event's stated timeout, else the longest one the workload's lines state, else the default.

@@ -271,15 +271,9 @@ def _pointer_blind(key: bytes) -> bytes:
     return _POINTER.sub(lambda m: b"0x" + b"0" * (len(m[0]) - 2), key)
 
 
-def read_head(line: str, ctx: StampContext, zeroed: bytes | None = None) -> Head:
-    """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start.
-
-    ``zeroed``: the line's UTF-8 with its ASCII digits as "0", when the caller has it (one translation
-    a line, shared with the match memo)."""
-    if len(line) > _CHAIN_LINE:
-        key = None
-    else:
-        key = _pointer_blind(zeroed if zeroed is not None else line.encode("utf-8", "surrogatepass").translate(_ZEROS))
+def read_head(line: str, ctx: StampContext) -> Head:
+    """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
+    key = _pointer_blind(line.encode("utf-8", "surrogatepass").translate(_ZEROS)) if len(line) <= _CHAIN_LINE else None
     chain = _CHAINS.get(key) if key is not None else None
     if chain is not None:
         head = _replay(line, chain, ctx)
