@@ -179,6 +179,23 @@ class SlurmCluster:
             return job if job.get("JobState") in states else None
         return wait_for(f"job {job_id} to reach {sorted(states)}", reached, timeout_s, every_s=0.25)
 
+    def start_now(self, job_id: int, timeout_s: float = 300.0) -> dict[str, str]:
+        """Start a pending job now rather than at its BeginTime; its record once it has left PENDING.
+
+        A requeued job may not start for 2 minutes. slurmctld finishes a requeue only once the old
+        incarnation's steps have ended (``batch_requeue_fini``), which on a busy machine can come after
+        an update made as soon as the job shows PENDING; so the update is made again for as long as
+        the scheduler gives BeginTime as the reason, and the wait is on the job's state, not a guess.
+        """
+        def started() -> dict[str, str] | None:
+            job = self.job(job_id)
+            if job.get("JobState") != "PENDING":
+                return job
+            if job.get("Reason") == "BeginTime":
+                self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
+            return None
+        return wait_for(f"job {job_id} to leave PENDING", started, timeout_s, every_s=0.5)
+
     def sacct(self, job_id: int) -> list[dict[str, Any]]:
         out = self.run("sacct", "--json", "--duplicates", "--jobs", str(job_id))
         return json.loads(out.stdout).get("jobs") or []

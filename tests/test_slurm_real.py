@@ -140,10 +140,10 @@ def scenario(slurm_cluster, tmp_path_factory):
         c.run("scontrol", "requeue", str(jobs["requeued"]))
         # a requeued job waits 2 minutes before it may start again (BeginTime): not in a test
         c.wait_job(jobs["requeued"], {"PENDING"})
-        c.run("scontrol", "update", f"JobId={jobs['requeued']}", "StartTime=now")
+        c.start_now(jobs["requeued"])
         for kind, state in (("traceback", "FAILED"), ("completed", "COMPLETED"), ("cancelled", "CANCELLED"),
                             ("node_down", "NODE_FAIL"), ("requeued", "COMPLETED"), ("timeout", "TIMEOUT")):
-            c.wait_job(jobs[kind], {state}, timeout_s=150)
+            c.wait_job(jobs[kind], {state}, timeout_s=300)
         c.run("scontrol", "update", "NodeName=n3", "State=RESUME")
         # every attempt's end reaches the connector (accounting may lag the controller)
         want = {(f"slurm-{j}", 0) for j in jobs.values()} | {(f"slurm-{jobs['requeued']}", 1)}
