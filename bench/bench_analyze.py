@@ -40,8 +40,9 @@ def generate(nodes: int, lines: int, noise_only: bool = False) -> Path:
     return target
 
 
-def run_analyze(bundle: Path) -> dict:
-    cmd = _pin() + [sys.executable, "-m", "firstfault", "analyze", str(bundle), "--json"]
+def run_analyze(bundle: Path, pin: bool = True) -> dict:
+    """``pin``: on one core; else on every core this bench may use (analyze's default --jobs)."""
+    cmd = (_pin() if pin else []) + [sys.executable, "-m", "firstfault", "analyze", str(bundle), "--json"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -114,6 +115,8 @@ def main() -> int:
     culprit = json.loads((bundle / "culprit.json").read_text())["host"] if (bundle / "culprit.json").exists() else None
     correct = d["status"] == "attributed" and d["sub_domain"] == "gpu_fell_off_bus" and (
         culprit is None or d["responsible_nodes"] == [culprit])
+    cores = len(os.sched_getaffinity(0))
+    spread = run_analyze(bundle, pin=False) if cores > 1 else None
     noise = generate(args.nodes, args.lines, noise_only=True)
     noise_file = next(iter(sorted(noise.rglob("*.log"))))
     grep = extraction_vs_grep(noise_file)
@@ -123,6 +126,10 @@ def main() -> int:
                     "lines_per_s": round(lines / res["wall_s"]), "peak_rss_mb": round(res["peak_rss_mb"], 1),
                     "correct": correct, "status": d["status"], "sub_domain": d["sub_domain"],
                     "responsible_nodes": d["responsible_nodes"], "one_core": bool(_pin())},
+        # the same command on every core this bench may use (the files read in that many processes)
+        "analyze_all_cores": None if spread is None else {
+            "cores": cores, "wall_s": round(spread["wall_s"], 3), "cpu_s": round(spread["cpu_s"], 3),
+            "same_diagnosis": spread["diagnosis"] == d},
         "extraction_vs_grep": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in grep.items()},
     }
     if args.json:
@@ -132,6 +139,11 @@ def main() -> int:
     print(f"bundle      {report['bundle']['nodes']} nodes, {lines:,} lines, {report['bundle']['mb']} MB")
     print(f"analyze     {a['wall_s']:.2f} s wall ({a['cpu_s']:.2f} s CPU{', one core' if a['one_core'] else ''}), "
           f"{a['lines_per_s']:,} lines/s, peak RSS {a['peak_rss_mb']:.0f} MB")
+    spread_ok = spread is None or report["analyze_all_cores"]["same_diagnosis"]
+    if spread is not None:
+        s_ = report["analyze_all_cores"]
+        print(f"            every core ({s_['cores']}): {s_['wall_s']:.2f} s wall ({s_['cpu_s']:.2f} s CPU), "
+              f"same diagnosis: {'yes' if s_['same_diagnosis'] else 'NO'}")
     print(f"diagnosis   {a['status']} {a['sub_domain']} {a['responsible_nodes']}  -> {'CORRECT' if correct else 'WRONG'}")
     print(f"targets     < 5 s: {'yes' if a['wall_s'] < 5 else 'NO'}; < 500 MB: {'yes' if a['peak_rss_mb'] < 500 else 'NO'}")
     print(f"extraction  {g['file_mb']:.0f} MB noise file, {g['anchors']} anchors, prefilter {g['engine']}")
@@ -139,7 +151,7 @@ def main() -> int:
           f"grep -E {g['grep_s']:.3f} s ({g['grep_mb_s']:.0f} MB/s)")
     print(f"ratio       grep time / firstfault time = {g['ratio_grep_over_firstfault']:.2f} "
           f"(>= 1.0: firstfault at least as fast as grep)")
-    return 0 if correct else 1
+    return 0 if correct and spread_ok else 1
 
 
 if __name__ == "__main__":

@@ -245,8 +245,11 @@ def run_child(cmd: list[str], env: dict | None = None) -> tuple[float, Any, byte
         return wall, usage, out.read(), proc.returncode
 
 
-def analyze_child(bundle: Path) -> dict:
-    wall, usage, out, rc = run_child(_pin() + [sys.executable, "-m", "firstfault", "analyze", str(bundle), "--json"])
+def analyze_child(bundle: Path, pin: bool = True) -> dict:
+    """``pin``: on one core (analyze then reads in one process); else on every core this bench may use
+    (analyze's default --jobs: the files read in that many processes, rules/fanout.py)."""
+    wall, usage, out, rc = run_child((_pin() if pin else []) + [sys.executable, "-m", "firstfault", "analyze",
+                                                                str(bundle), "--json"])
     if rc != 0:
         raise SystemExit(f"firstfault analyze {bundle} exited {rc}")
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024,
@@ -365,6 +368,8 @@ def measure(case: Case) -> dict:
     child = analyze_child(bundle)
     split = stage_split(bundle)
     grep = grep_child(bundle)
+    cores = len(os.sched_getaffinity(0))
+    spread = analyze_child(bundle, pin=False) if cores > 1 else None
     matched, wall = split["matched"], child["wall_s"]
     d = child["diagnosis"]
     return {
@@ -383,6 +388,11 @@ def measure(case: Case) -> dict:
                  "ratio_grep_over_firstfault": round(grep["wall_s"] / wall, 3),
                  "ratio_grep_over_firstfault_cpu": round(grep["cpu_s"] / child["cpu_s"], 3)},
         "one_core": bool(_pin()),
+        # the same command on every core this bench may use; its diagnosis must be the pinned one's
+        "all_cores": None if spread is None else {
+            "cores": cores, "wall_s": round(spread["wall_s"], 3), "cpu_s": round(spread["cpu_s"], 3),
+            "peak_rss_mb": round(spread["peak_rss_mb"], 1), "same_diagnosis": spread["diagnosis"] == d,
+            "speedup": round(wall / spread["wall_s"], 2)},
     }
 
 
@@ -397,6 +407,15 @@ def human(results: list[dict]) -> str:
                     f"{g['wall_s']:>7.2f} {g['ratio_grep_over_firstfault']:>7.2f}  "
                     f"{r['sub_domain']} {','.join(r['responsible_nodes']) or '-'} "
                     f"{'CORRECT' if r['correct'] else 'WRONG'}")
+    spread = [r for r in results if r["all_cores"]]
+    if spread:
+        rows.append("")
+        rows.append(f"{'the same on every core (analyze --jobs)':42} {'cores':>8} {'wall s':>9} {'speedup':>7} "
+                    f"{'cpu s':>6} {'RSS MB':>7}  same diagnosis")
+        for r in spread:
+            a = r["all_cores"]
+            rows.append(f"{r['case']['name']:42} {a['cores']:>8} {a['wall_s']:>9.2f} {a['speedup']:>7.2f} "
+                        f"{a['cpu_s']:>6.2f} {a['peak_rss_mb']:>7.0f}  {'yes' if a['same_diagnosis'] else 'NO'}")
     rows.append("")
     rows.append(f"{'stage split (in-process, CPU s)':42} " + " ".join(f"{s:>7}" for s in STAGES) + f" {'total':>7}")
     for r in results:
@@ -432,7 +451,7 @@ def main() -> int:
     else:
         print(human(results))
         print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    return 0 if all(r["correct"] for r in results) else 1
+    return 0 if all(r["correct"] and (r["all_cores"] or {}).get("same_diagnosis", True) for r in results) else 1
 
 
 if __name__ == "__main__":

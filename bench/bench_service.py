@@ -62,6 +62,27 @@ def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise SystemExit("the service did not become ready")
 
 
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of ``pid`` and every process below it (uvicorn's workers), from /proc."""
+    try:
+        stats = {}
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:                 # gone meanwhile
+                    continue
+                stats[int(d.name)] = (int(f[1]), int(f[11]) + int(f[12]))   # ppid, utime + stime
+    except OSError:
+        return None
+    tree, todo = set(), [pid]
+    while todo:
+        cur = todo.pop()
+        tree.add(cur)
+        todo.extend(p for p, (ppid, _) in stats.items() if ppid == cur and p not in tree)
+    return sum(stats[p][1] for p in tree if p in stats) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -118,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                            timeout=120)
             if r.status_code != 200 or r.text != expected:
                 raise SystemExit(f"wrong answer from the service: {r.status_code} {r.text[:300]}")
+        server0, client0 = tree_cpu_s(proc.pid), time.process_time()
         latencies, statuses, wall = run_clients(f"{base}/v1/analyze", body, args.concurrency, args.duration)
+        server1, client1 = tree_cpu_s(proc.pid), time.process_time()
     finally:
         proc.terminate()
         try:
@@ -137,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         "latency_ms": {"p50": round(percentile(lat, 50) * 1000, 1), "p90": round(percentile(lat, 90) * 1000, 1),
                        "p99": round(percentile(lat, 99) * 1000, 1), "max": round(lat[-1] * 1000, 1) if lat else None,
                        "mean": round(statistics.fmean(lat) * 1000, 1) if lat else None},
+        # Where the machine's CPU went per request: the service's processes and this client's threads
+        # (both on the same cores: the client's share is capacity the service does not get).
+        "server_cpu_ms_per_request": round((server1 - server0) / len(lat) * 1000, 1)
+        if lat and server0 is not None and server1 is not None else None,
+        "client_cpu_ms_per_request": round((client1 - client0) / len(lat) * 1000, 1) if lat else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -147,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {result['requests_per_s']} requests/s over {result['duration_s']} s "
               f"({result['ok']} ok of {result['requests']}; statuses {result['statuses']})")
         print(f"  latency p50 {lm['p50']} ms  p90 {lm['p90']} ms  p99 {lm['p99']} ms  max {lm['max']} ms")
+        print(f"  CPU per request: server {result['server_cpu_ms_per_request']} ms, "
+              f"client {result['client_cpu_ms_per_request']} ms")
     return 0 if len(lat) == sum(statuses.values()) and lat else 1
 
 

@@ -32,6 +32,23 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _jobs(asked: int | None) -> int:
+    """--jobs, else every CPU this process may use (its affinity: one under taskset -c 0), at most 8."""
+    from firstfault.rules.fanout import MAX_JOBS, usable_cpus
+
+    return asked if asked is not None else min(usable_cpus(), MAX_JOBS)
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, 1 or more: {text!r}")
+    return n
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from firstfault.rules.engine import analyze_path
 
@@ -42,7 +59,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     try:
         # The archive cap: --max-archive-bytes, else FIRSTFAULT_MAX_ARCHIVE_BYTES, else 1 GiB.
         result = analyze_path(args.path, rules=args.rules, progress=bar, max_archive_bytes=args.max_archive_bytes,
-                              warn=lambda m: _say(f"warning: {m}"))
+                              warn=lambda m: _say(f"warning: {m}"), jobs=_jobs(args.jobs))
     finally:
         bar.close()
     if args.json:
@@ -276,6 +293,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("--max-archive-bytes", type=_size, metavar="SIZE",
                    help="cap on an archive's uncompressed size, any member and all together, e.g. 4G "
                         "(FIRSTFAULT_MAX_ARCHIVE_BYTES, default 1G)")
+    p.add_argument("--jobs", type=_positive, metavar="N",
+                   help="processes reading a big input's files (16 MiB or more in two files or more; the "
+                        "diagnosis is the same): default every CPU this process may use, at most 8")
     p.set_defaults(fn=cmd_analyze)
 
     p = sub.add_parser("ship", help="publish what analyze takes (a bundle, a log file or a folder of logs) to the "

@@ -22,6 +22,7 @@ from .errors import AnalysisTimeout, BundleError
 from .intake import Intake, open_input
 from .catalog import Catalog, load_catalog
 from .diagnose import diagnose
+from . import fanout
 from .extract import MAX_LINE, ExtractStats, Extractor, LineMemory, source_of
 from .model import Ev, EventSet
 from .telemetry import (
@@ -162,9 +163,11 @@ def metric_events(workload: WorkloadRecord, read: MetricsRead,
 @fewer_collections
 def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Progress | None = None,
                    keep_events: bool = False, intake: Intake | None = None,
-                   deadline: float | None = None) -> Analysis:
+                   deadline: float | None = None, jobs: int = 1) -> Analysis:
     """``deadline`` (a ``time.monotonic()`` value) stops the work between chunks with
-    AnalysisTimeout: a chunk is bounded work (linear-time matching), so the stop is prompt."""
+    AnalysisTimeout: a chunk is bounded work (linear-time matching), so the stop is prompt.
+    ``jobs`` > 1 lets a big bundle's log files be read in that many forked processes
+    (rules/fanout.py: the same diagnosis); only for a caller that runs no other thread."""
     catalog = catalog or load_catalog()
     extractor = Extractor(catalog, bundle.workload)
     events = EventSet()
@@ -183,12 +186,23 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
         # With a deadline, smaller pieces: the check runs once a piece (the result is split-independent).
         return f.open_chunks() if deadline is None else _pieces(f.open_chunks(), DEADLINE_PIECE)
 
+    logs = [f for f in bundle.files if f.kind != "metrics"]
+    read = None
+    if fanout.worth_it(logs, jobs):
+        read = fanout.read_in_parallel(catalog, bundle.workload, logs, jobs, chunks, step, deadline)
+        if read is None:
+            done = 0                        # read again below: the bytes are counted again
+    if read is not None:
+        events, per_file = read[0], iter(read[1])      # each log file's counts, in bundle order
     metrics = MetricsRead()
     lo, hi = metrics_window(bundle.workload)
     for f in bundle.files:
         if f.kind == "metrics":
             # One sample a line: series -> threshold crossings, after every file is read.
             read_metrics_file(f.path, chunks(f), bundle.workload.zone, metrics, lo, hi, progress=step)
+            continue
+        if read is not None:
+            stats.absorb(next(per_file))
             continue
         stats.absorb(extractor.scan_file(f.path, chunks(f), events, progress=step, source=f.kind))
     if metrics.lines:
@@ -229,15 +243,17 @@ def _check(deadline: float | None) -> None:
 
 def analyze_path(path: str | Path, rules: str | Path | None = None, progress: Progress | None = None,
                  warn: Callable[[str], None] | None = None, deadline: float | None = None,
-                 max_archive_bytes: int | None = None) -> Analysis:
+                 max_archive_bytes: int | None = None, jobs: int = 1) -> Analysis:
     """Diagnose what a user has: a bundle (directory or archive), one log file, or a folder of
     logs in any layout. Raises BundleError for an unusable input; ``warn`` hears of skipped files.
-    ``max_archive_bytes`` caps an archive's expansion (default: FIRSTFAULT_MAX_ARCHIVE_BYTES, 1 GiB)."""
+    ``max_archive_bytes`` caps an archive's expansion (default: FIRSTFAULT_MAX_ARCHIVE_BYTES, 1 GiB);
+    ``jobs``: see analyze_bundle."""
     intake = open_input(path, max_archive_bytes=max_archive_bytes)
     for message in intake.warnings:
         if warn is not None:
             warn(message)
-    return analyze_bundle(intake.bundle, load_catalog(rules), progress, intake=intake, deadline=deadline)
+    return analyze_bundle(intake.bundle, load_catalog(rules), progress, intake=intake, deadline=deadline,
+                          jobs=jobs)
 
 
 def analyze_files(workload: Mapping[str, Any] | WorkloadRecord, files: Mapping[str, bytes | str],

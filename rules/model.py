@@ -6,6 +6,7 @@ decoded fields, rule ids) lives here too.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
@@ -180,6 +181,9 @@ class EventSet:
 
     def __len__(self) -> int:
         return len(self._by_sig)
+
+    def __iter__(self) -> Iterator[Ev]:
+        return iter(self._by_sig.values())
 
     def sorted(self) -> list[Ev]:
         return sorted(self._by_sig.values(), key=lambda e: (e.order_key(), e.signature))
