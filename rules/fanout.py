@@ -5,13 +5,14 @@ within a file, scopes and stated times are kept per file, the host map comes fro
 and the extractor's memos only remember answers. Merging events is associative and
 commutative (``Ev.merge``: the sample is the earliest occurrence in a total order). So the
 files can be read apart and merged afterwards, giving the events a serial read gives, byte for
-byte (tests/test_fanout.py checks every sample and every corpus input of several files).
+byte when merged in file order (tests/test_fanout.py checks every sample and every corpus
+input of several files).
 
 Processes are forked, so the loaded catalog and the bundle are shared, not pickled; only each
 group's events and per-file counts come back, through a pipe. A group that fails in any way (a
 file that cannot be read, a child killed) makes the caller read serially, where the same error
-is raised as it would have been. Only the CLI asks for this (``firstfault analyze --jobs``): forking a
-process that runs threads, as the service does, is unsafe.
+is raised as it would have been. Only the CLI asks for this (``firstfault analyze --jobs``):
+forking a process that runs threads, as the service does, is unsafe.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from .model import Ev, EventSet
 MIN_BYTES = 16 * 1024 * 1024       # below this a fork and the events' trip back cost more than they save
 MAX_JOBS = 8
 
-# What the forked children read: set just before the pool forks, cleared after.
+# What the forked children read: set just before they fork, cleared after.
 _SHARED: dict[str, Any] = {}
 
 
@@ -62,13 +63,16 @@ def groups(files: list[BundleFile], jobs: int) -> list[list[int]]:
     return [sorted(g) for g in out if g]
 
 
-def _read_group(indices: list[int]) -> tuple[list[Ev], list[tuple[int, ExtractStats]]]:
-    """In a child: read these files as the serial loop would; their events and per-file counts."""
+def _read_group(indices: list[int]) -> list[tuple[int, list[Ev], ExtractStats]]:
+    """In a child: read these files as the serial loop would; each file's events and counts.
+
+    Each file's events are kept apart, to be merged in file order as the serial read merges
+    them: merging is commutative but for ties (two equal instants written with two offsets,
+    where the first merged is kept), so only the same order is sure to give the same bytes."""
     catalog, workload, files = _SHARED["catalog"], _SHARED["workload"], _SHARED["files"]
     chunks, done = _SHARED["chunks"], _SHARED["done"]
     extractor = Extractor(catalog, workload)
-    events = EventSet()
-    stats: list[tuple[int, ExtractStats]] = []
+    out: list[tuple[int, list[Ev], ExtractStats]] = []
 
     def step(n: int) -> None:
         with done.get_lock():
@@ -76,8 +80,10 @@ def _read_group(indices: list[int]) -> tuple[list[Ev], list[tuple[int, ExtractSt
 
     for i in indices:
         f = files[i]
-        stats.append((i, extractor.scan_file(f.path, chunks(f), events, progress=step, source=f.kind)))
-    return list(events), stats
+        events = EventSet()
+        stats = extractor.scan_file(f.path, chunks(f), events, progress=step, source=f.kind)
+        out.append((i, list(events), stats))
+    return out
 
 
 def _child(indices: list[int], conn: Any) -> None:
@@ -138,10 +144,8 @@ def read_in_parallel(catalog: Catalog, workload: Any, files: list[BundleFile], j
             child.join()
             recv.close()
         _SHARED.clear()
+    read = sorted((item for group in results.values() for item in group), key=lambda item: item[0])
     events = EventSet()
-    per_file: dict[int, ExtractStats] = {}
-    for k in range(len(children)):
-        evs, stats = results[k]
+    for _, evs, _ in read:                      # file order, as the serial read merges
         events.update(evs)
-        per_file.update(stats)
-    return events, [per_file[i] for i in range(len(files))]
+    return events, [stats for _, _, stats in read]
