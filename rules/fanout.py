@@ -63,7 +63,7 @@ def groups(files: list[BundleFile], jobs: int) -> list[list[int]]:
     return [sorted(g) for g in out if g]
 
 
-def _read_group(indices: list[int]) -> list[tuple[int, list[Ev], ExtractStats]]:
+def _read_group(indices: list[int]) -> list[tuple[int, list[tuple], ExtractStats]]:
     """In a child: read these files as the serial loop would; each file's events and counts.
 
     Each file's events are kept apart, to be merged in file order as the serial read merges
@@ -72,7 +72,7 @@ def _read_group(indices: list[int]) -> list[tuple[int, list[Ev], ExtractStats]]:
     catalog, workload, files = _SHARED["catalog"], _SHARED["workload"], _SHARED["files"]
     chunks, done = _SHARED["chunks"], _SHARED["done"]
     extractor = Extractor(catalog, workload)
-    out: list[tuple[int, list[Ev], ExtractStats]] = []
+    out: list[tuple[int, list[tuple], ExtractStats]] = []
 
     def step(n: int) -> None:
         with done.get_lock():
@@ -82,7 +82,7 @@ def _read_group(indices: list[int]) -> list[tuple[int, list[Ev], ExtractStats]]:
         f = files[i]
         events = EventSet()
         stats = extractor.scan_file(f.path, chunks(f), events, progress=step, source=f.kind)
-        out.append((i, list(events), stats))
+        out.append((i, [ev.astuple() for ev in events], stats))      # Ev(*t) in the parent
     return out
 
 
@@ -147,5 +147,5 @@ def read_in_parallel(catalog: Catalog, workload: Any, files: list[BundleFile], j
     read = sorted((item for group in results.values() for item in group), key=lambda item: item[0])
     events = EventSet()
     for _, evs, _ in read:                      # file order, as the serial read merges
-        events.update(evs)
+        events.update(Ev(*t) for t in evs)
     return events, [stats for _, _, stats in read]
