@@ -9,6 +9,7 @@ that lives as long as the Bundle, so a bomb costs disk up to the cap, not memory
 from __future__ import annotations
 
 import io
+import itertools
 import lzma
 import os
 import re
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, Any
 
 from pydantic import ValidationError
 
@@ -34,6 +35,8 @@ from .errors import AnalysisTimeout, BundleError
 from .jsonsafe import load_json
 
 CHUNK = 8 * 1024 * 1024
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_WBITS = 16 + zlib.MAX_WBITS          # a gzip header and trailer around the deflate stream
 MAX_ARCHIVE_BYTES = 1024 ** 3            # uncompressed, any member and all together (the service's default)
 MAX_MEMBER_BYTES = MAX_ARCHIVE_BYTES
 MAX_MEMBERS = 100_000
@@ -146,6 +149,99 @@ def _file_chunks(path: Path) -> Callable[[], Iterator[bytes]]:
     return gen
 
 
+def compressed_log(name: str) -> bool:
+    """A log kept gzipped (logrotate's ``syslog.2.gz``, ``nvidia-bug-report.log.gz``), not an archive."""
+    low = name.lower()
+    return low.endswith(".gz") and not low.endswith((".tar.gz", ".tgz"))
+
+
+def log_name(path: str) -> str:
+    """The name a log goes by, a gzipped one's without its ".gz": what its host and rank are read from."""
+    return path[:-3] if compressed_log(path) else path
+
+
+def gunzipped(opener: Callable[[], Iterator[bytes]], origin: str, cap: int) -> Callable[[], Iterator[bytes]]:
+    """``opener``'s bytes as the gzip file they hold expands, in pieces of at most CHUNK; every member
+    of a multi-member file in turn. Bytes that do not start as gzip are given as they are (a file
+    named .gz that is not). Past ``cap`` expanded bytes the read stops with ArchiveLimitError; a
+    damaged or cut stream is read up to the damage, as a log cut short is read up to its end."""
+    def gen() -> Iterator[bytes]:
+        pieces = iter(opener())
+        head = b""
+        for piece in pieces:
+            head += piece
+            if len(head) >= len(GZIP_MAGIC):
+                break
+        if not head.startswith(GZIP_MAGIC):
+            if head:
+                yield head
+            yield from pieces
+            return
+        expanded = 0
+        inflate: Any = None                 # None between members
+        between = b""                       # read after a member ended, until the next one's magic shows
+        for chunk in itertools.chain((head,), pieces):
+            data = chunk
+            if inflate is None:
+                between += data
+                if len(between) < len(GZIP_MAGIC):
+                    continue
+                if not between.startswith(GZIP_MAGIC):
+                    return                  # padding after the last member
+                data, between, inflate = between, b"", zlib.decompressobj(GZIP_WBITS)
+            while True:
+                try:
+                    out = inflate.decompress(data, CHUNK)
+                except zlib.error:
+                    return                  # damaged: what came before stands
+                if out:
+                    expanded += len(out)
+                    if expanded > cap:
+                        raise ArchiveLimitError(f"{origin}: expands beyond the size limit of {cap} bytes",
+                                                "bytes", cap)
+                    yield out
+                if inflate.eof:             # this member ends; another may follow in what is left
+                    data, inflate = inflate.unused_data, None
+                    if len(data) < len(GZIP_MAGIC):
+                        between = data
+                        break
+                    if not data.startswith(GZIP_MAGIC):
+                        return
+                    inflate = zlib.decompressobj(GZIP_WBITS)
+                    continue
+                data = inflate.unconsumed_tail
+                if not data and len(out) < CHUNK:
+                    break                   # all in, and nothing held back by the piece size
+    return gen
+
+
+def gzip_size(where: Path | bytes) -> int:
+    """A gzip file's expanded size as its trailer states it (the last member's, modulo 4 GiB): what
+    progress counts on; never less than the file itself."""
+    try:
+        if isinstance(where, Path):
+            size = where.stat().st_size
+            with where.open("rb") as fh:
+                magic = fh.read(2)
+                fh.seek(max(0, size - 4))
+                trailer = fh.read(4)
+        else:
+            size, magic, trailer = len(where), where[:2], where[-4:]
+    except OSError:
+        return 0
+    if magic != GZIP_MAGIC or size < 18:
+        return size
+    return max(size, int.from_bytes(trailer, "little"))
+
+
+def _log_file(rel: str, size: int, opener: Callable[[], Iterator[bytes]], cap: int,
+              where: Path | bytes) -> BundleFile:
+    """A bundle's log file; a gzipped one is read as it expands (``cap``: its expanded bytes)."""
+    if not compressed_log(rel):
+        return BundleFile(path=rel, size=size, open_chunks=opener)
+    return BundleFile(path=rel, size=gzip_size(where), open_chunks=gunzipped(opener, rel, cap))
+
+
 def _bytes_chunks(data: bytes) -> Callable[[], Iterator[bytes]]:
     def gen() -> Iterator[bytes]:
         for i in range(0, len(data), CHUNK):
@@ -154,16 +250,17 @@ def _bytes_chunks(data: bytes) -> Callable[[], Iterator[bytes]]:
 
 
 def open_bundle(path: str | Path, max_bytes: int | None = None) -> Bundle:
-    """A bundle directory or archive; ``max_bytes`` caps an archive's expansion (default: the env)."""
+    """A bundle directory or archive; ``max_bytes`` caps an archive's expansion, and a gzipped
+    log's (default: the env)."""
     p = Path(path)
     if not p.exists():
         raise BundleError(f"no such bundle: {p}")
+    cap = archive_cap_from_env() if max_bytes is None else max_bytes
     if p.is_dir():
-        return _open_dir(p)
+        return _open_dir(p, cap)
     kind = archive_kind(p)
     if kind is None:
         raise BundleError(f"{p} is neither a directory nor a .tar.gz/.zip bundle")
-    cap = archive_cap_from_env() if max_bytes is None else max_bytes
     return open_archive(p, kind, str(p), max_member=cap, max_total=cap)
 
 
@@ -240,7 +337,7 @@ def walk_files(root: Path, limit: int | None = None) -> list[Path]:
     return sorted(out)
 
 
-def _open_dir(root: Path) -> Bundle:
+def _open_dir(root: Path, cap: int = MAX_MEMBER_BYTES) -> Bundle:
     wl = root / "workload.json"
     if not wl.is_file():
         raise BundleError(f"{root}: workload.json is missing")
@@ -249,7 +346,7 @@ def _open_dir(root: Path) -> Bundle:
     for f in walk_files(root):
         rel = f.relative_to(root).as_posix()
         if _is_evidence(rel):
-            files.append(BundleFile(path=rel, size=f.stat().st_size, open_chunks=_file_chunks(f)))
+            files.append(_log_file(rel, f.stat().st_size, _file_chunks(f), cap, f))
     return Bundle(workload=workload, files=files)
 
 
@@ -387,7 +484,7 @@ def open_archive(data: bytes | str | Path, kind: str, origin: str = "archive",
             rel = _safe_name(name[len(top):])
             if _is_evidence(rel):
                 opener = _file_chunks(where) if isinstance(where, Path) else _bytes_chunks(where)
-                files[rel] = BundleFile(path=rel, size=size, open_chunks=opener)
+                files[rel] = _log_file(rel, size, opener, max_member, where)
     except BaseException:
         spool.close()
         raise

@@ -20,7 +20,7 @@ from typing import Any
 
 from firstfault.schemas import WorkloadRecord
 
-from .bundle import source_of
+from .bundle import log_name, source_of
 from .catalog import Catalog, Pattern
 from .model import Ev, EventSet
 from .prefilter import Prefilter, TooManyHits, anchor_index
@@ -84,7 +84,7 @@ class HostResolver:
         return resolved if resolved in self.nodes else None
 
     def file_host(self, path: str, source: str) -> str | None:
-        stem = PurePosixPath(path).stem
+        stem = PurePosixPath(log_name(path)).stem             # node-02.log.gz is node-02's too
         if source in ("syslog", "fabricmanager") and source_of(path) == source:
             return self.node(stem)          # the contract names a node-scoped file by its host
         resolved = self.node(stem)
@@ -541,7 +541,7 @@ FOLDED = Ev(kind="folded", pattern="folded", source="app", path="", line=0, text
 @lru_cache(maxsize=4096)
 def _rank_of_file(path: str) -> int | None:
     """The rank a per-rank log's name gives (rank-3.log, train_rank12.out), per path once."""
-    fm = _RANK_FILE.search(PurePosixPath(path).stem)
+    fm = _RANK_FILE.search(PurePosixPath(log_name(path)).stem)
     return int(fm.group(1)) if fm else None
 
 

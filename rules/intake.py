@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path, PurePosixPath
@@ -23,8 +24,8 @@ from zoneinfo import ZoneInfo
 from firstfault.schemas import WorkloadRecord
 
 from .bundle import (
-    MAX_WORKLOAD_BYTES, Bundle, BundleFile, _file_chunks, archive_cap_from_env, archive_kind, open_archive, open_bundle, parse_workload,
-    read_workload, read_workload_bytes, walk_files,
+    MAX_WORKLOAD_BYTES, Bundle, BundleFile, _file_chunks, archive_cap_from_env, archive_kind, compressed_log, gunzipped,
+    gzip_size, log_name, open_archive, open_bundle, parse_workload, read_workload, read_workload_bytes, walk_files,
 )
 from .errors import BundleError
 from .jsonsafe import load_json
@@ -55,7 +56,8 @@ _FM = re.compile(r"^\[\w{3} \d\d \d{4} \d\d:\d\d:\d\d\] \[(?:INFO|ERROR|WARNING|
 _SCHED = re.compile(r"^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?\] (?:_job_complete|sched|_slurm_rpc|job_|JobId=|Batch JobId|error: Nodes)"
                     r"|^\s*LAST SEEN\s+TYPE\s+REASON")
 _BINARY = re.compile(rb"[\x00-\x08\x0e-\x1a\x1c-\x1f]")
-_SKIP_SUFFIX = (".png", ".jpg", ".jpeg", ".gif", ".pdf", ".gz", ".tgz", ".zip", ".tar", ".bz2", ".xz",
+# A gzipped log (syslog.2.gz, nvidia-bug-report.log.gz) is read as it expands; an archive inside a folder is not.
+_SKIP_SUFFIX = (".png", ".jpg", ".jpeg", ".gif", ".pdf", ".tar.gz", ".tgz", ".zip", ".tar", ".bz2", ".xz",
                 ".pt", ".pth", ".bin", ".safetensors", ".so", ".pyc")
 
 # Hosts named in the lines themselves (beyond the prefixes read_head knows).
@@ -140,22 +142,27 @@ def _console(line: str) -> bool:
     return any(c.isalpha() for c in line) and not _PROMPT.match(line) and not _NOT_CONSOLE.match(line)
 
 
-def _head_lines(path: Path, limit: int) -> tuple[list[str], bool]:
+def _head_lines(opener: Callable[[], Iterator[bytes]], limit: int) -> tuple[list[str], bool]:
     """The first ``limit`` lines (decoded leniently) and whether the file looks binary."""
-    with path.open("rb") as fh:
-        blob = fh.read(256 * 1024)
+    blob = b""
+    chunks = opener()
+    try:
+        for chunk in chunks:
+            blob += chunk[:256 * 1024 - len(blob)]
+            if len(blob) >= 256 * 1024:
+                break
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()                         # the file is closed now, not when the generator is collected
     if b"\x00" in blob[:8192] or len(_BINARY.findall(blob[:8192])) > 32:
         return [], True
     return blob.decode("utf-8", "replace").splitlines()[:limit], False
 
 
-def _blank(path: Path) -> bool:
+def _blank(opener: Callable[[], Iterator[bytes]]) -> bool:
     """Nothing but whitespace in the whole file (read in pieces: only a file blank at the top gets here)."""
-    with path.open("rb") as fh:
-        while piece := fh.read(1 << 20):
-            if piece.strip():
-                return False
-    return True
+    return not any(piece.strip() for piece in opener())
 
 
 def open_input(path: str | Path, max_archive_bytes: int | None = None) -> Intake:
@@ -169,17 +176,18 @@ def open_input(path: str | Path, max_archive_bytes: int | None = None) -> Intake
     if p.is_file() and archive_kind(p) is not None:
         return _with_nodes(_from_archive(p, max_archive_bytes))
     if p.is_dir() and (p / "workload.json").is_file() and _contract_only(p) and not _partial_record(p):
-        return _with_nodes(Intake(bundle=open_bundle(p)))
+        return _with_nodes(Intake(bundle=open_bundle(p, max_archive_bytes)))
     if p.is_file():
         files = [(p.name, p)]
-        root_name = p.stem or p.name
+        root_name = PurePosixPath(log_name(p.name)).stem or p.name
     elif p.is_dir():
         # Iterative and bounded (depth, count): a hostile tree is a BundleError, not a RecursionError.
         files = [(f.relative_to(p).as_posix(), f) for f in walk_files(p, limit=MAX_FILES)]
         root_name = p.name
     else:
         raise BundleError(f"{p} is neither a file nor a folder")
-    return _assemble(files, root_name, p if p.is_dir() else None)
+    cap = archive_cap_from_env() if max_archive_bytes is None else max_archive_bytes
+    return _assemble(files, root_name, p if p.is_dir() else None, cap)
 
 
 def _contract_only(root: Path) -> bool:
@@ -202,7 +210,8 @@ def _from_archive(p: Path, max_bytes: int | None) -> Intake:
     return Intake(bundle=open_archive(p, kind, str(p), max_member=cap, max_total=cap))
 
 
-def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) -> Intake:
+def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None, cap: int) -> Intake:
+    """``cap``: how far a gzipped log may expand."""
     warnings: list[str] = []
     workload_path = root / "workload.json" if root is not None else None
     partial = _partial_record(root) if root is not None else None
@@ -225,17 +234,18 @@ def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None) 
         if low.endswith(".json") and src is None:
             warnings.append(f"skipped {rel}: a JSON file that is not workload.json")
             continue
-        head, binary = _head_lines(f, SNIFF_LINES)
+        opener = gunzipped(_file_chunks(f), rel, cap) if compressed_log(rel) else _file_chunks(f)
+        head, binary = _head_lines(opener, SNIFF_LINES)
         if binary:
             warnings.append(f"skipped {rel}: binary content")
             continue
-        if not any(line.strip() for line in head) and _blank(f):
+        if not any(line.strip() for line in head) and _blank(opener):
             warnings.append(f"skipped {rel}: empty")
             continue
         st = f.stat()
         mtimes[rel] = st.st_mtime
-        chosen.append(BundleFile(path=rel, size=st.st_size, open_chunks=_file_chunks(f),
-                                 source=src or sniff(head)))
+        chosen.append(BundleFile(path=rel, size=gzip_size(f) if compressed_log(rel) else st.st_size,
+                                 open_chunks=opener, source=src or sniff(head)))
     chosen.sort(key=lambda b: b.path)
     if not chosen:
         raise BundleError(f"{root_name}: no log file to read" + (f" ({'; '.join(warnings)})" if warnings else ""))

@@ -5,6 +5,7 @@ Time-bounded and reproducible: derandomized, a fixed number of small examples ea
 """
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -42,10 +43,12 @@ log_lines = st.builds(lambda s, h, m: f"{s} {h} {m}", stamps,
                       st.sampled_from(["NVRM: Xid (PCI:0000:1b:00): 79, pid=1, GPU has fallen off the bus.",
                                        "RuntimeError: CUDA error: an illegal memory access was encountered",
                                        "hello", "ran for 100000000000000 milliseconds"]))
-contents = st.one_of(st.binary(max_size=300),
-                     st.lists(log_lines, max_size=5).map(lambda ls: "\n".join(ls).encode()))
+text_logs = st.lists(log_lines, max_size=5).map(lambda ls: "\n".join(ls).encode())
+# gzipped logs, whole or cut anywhere (a rotated log copied while it was written)
+gzipped_logs = st.builds(lambda data, cut: gzip.compress(data)[:cut], text_logs, st.integers(0, 400))
+contents = st.one_of(st.binary(max_size=300), text_logs, gzipped_logs)
 rel_paths = st.lists(st.sampled_from(["logs", "app", "syslog", "metrics", "a", ".h", "x.log", "y.jsonl",
-                                      "workload.json", "z.gz"]), min_size=1, max_size=4).map("/".join)
+                                      "workload.json", "z.gz", "kern.log.2.gz"]), min_size=1, max_size=4).map("/".join)
 
 
 def _ok_or_bundle_error(fn, *args):

@@ -2,11 +2,12 @@
 
 Each sample is rewritten in ways that change no fact: its hosts renamed (in the record, the
 lines and the file names), its dates moved four years on, its line ends made CRLF, a blank
-line put after every line, spaces left at the ends of lines. The status, sub_domain and
+line put after every line, spaces left at the ends of lines, its logs gzipped. The status, sub_domain and
 recovery action stay, and the nodes named are the same nodes under their new names.
 """
 from __future__ import annotations
 
+import gzip
 import re
 import shutil
 from collections.abc import Callable
@@ -63,6 +64,13 @@ def _same(fn: Callable[[str], str], logs_only: bool) -> Callable[[Path, Path], d
     return rewrite
 
 
+def _gzipped(sample: Path, dst: Path) -> dict[str, str]:
+    for p in sorted((dst / "logs").rglob("*.log")):
+        p.with_name(p.name + ".gz").write_bytes(gzip.compress(p.read_bytes()))
+        p.unlink()
+    return {}
+
+
 # variant -> rewrite(sample, its copy) -> {new host name: old}
 VARIANTS: dict[str, Callable[[Path, Path], dict[str, str]]] = {
     "hosts renamed": _renamed,
@@ -70,6 +78,7 @@ VARIANTS: dict[str, Callable[[Path, Path], dict[str, str]]] = {
     "CRLF line ends": _same(lambda t: t.replace("\n", "\r\n"), logs_only=True),
     "a blank line after each": _same(lambda t: t.replace("\n", "\n\n"), logs_only=True),
     "trailing spaces": _same(lambda t: t.replace("\n", "  \n"), logs_only=True),
+    "logs gzipped": _gzipped,
 }
 
 

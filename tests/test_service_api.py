@@ -674,6 +674,25 @@ async def test_a_plain_text_body_is_one_log_file_read_as_analyze_reads_it(make_c
     assert r.status_code == 200 and r.text == cli_json(WORKED)
 
 
+async def test_a_gzipped_log_is_read_as_it_expands_within_the_archive_cap(make_client, tmp_path):
+    """nvidia-bug-report.sh writes nvidia-bug-report.log.gz; logrotate keeps kern.log.2.gz."""
+    import gzip
+    zipped = gzip.compress(TIME_LIMIT_LOG)
+    expected = cli_json_of_file(tmp_path, "slurm-3884617.out.gz", zipped)
+    c = make_client()
+    r = await c.post("/v1/analyze?store=false", params={"name": "slurm-3884617.out.gz"}, content=zipped,
+                     headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 200 and r.text == expected and r.json()["sub_domain"] == "walltime_exceeded"
+    r = await c.post("/v1/analyze?store=false", files={"bundle": ("slurm-3884617.out.gz", zipped, "application/gzip")},
+                     headers={"accept": "application/json"})
+    assert r.status_code == 200 and r.text == expected
+    bomb = gzip.compress(TIME_LIMIT_LOG * 20_000)             # 2.6 MB expanded
+    r = await make_client(max_archive_bytes=1024 * 1024).post(
+        "/v1/analyze?store=false", params={"name": "dmesg.log.gz"}, content=bomb,
+        headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 413 and error_of(r)["limit"] == "FIRSTFAULT_MAX_ARCHIVE_BYTES"
+
+
 async def test_a_plain_text_body_keeps_every_limit_and_says_what_is_wrong(make_client):
     three = b"line one\nline two\nline three\n"
     r = await make_client(max_lines=2).post("/v1/analyze", content=three, headers={"content-type": "text/plain"})

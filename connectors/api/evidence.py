@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from firstfault.rules.bundle import Bundle, bundle_from_files, open_archive, parse_workload
+from firstfault.rules.bundle import Bundle, bundle_from_files, compressed_log, open_archive, parse_workload
 from firstfault.rules.errors import BundleError
 from firstfault.rules.intake import Intake, open_input
 from firstfault.rules.jsonsafe import JsonLimitError, load_json
@@ -218,8 +218,9 @@ def evidence_from_log(body: bytes, name: str | None, settings: ServiceSettings,
 def evidence_from_file(name: str, data: bytes, settings: ServiceSettings,
                        deadline: float | None = None) -> Evidence:
     """One file: a bundle archive, the JSON form, or one log file as `firstfault analyze FILE`
-    reads it (kind sniffed, nodes and window inferred)."""
-    if data[:2] == b"\x1f\x8b":
+    reads it (kind sniffed, nodes and window inferred); a gzipped log by its name
+    (``nvidia-bug-report.log.gz``) as it expands, any other gzip as a bundle archive."""
+    if data[:2] == b"\x1f\x8b" and not compressed_log(name):
         return Evidence(from_archive(data, "tar", settings, deadline))
     if data[:4] == b"PK\x03\x04":
         return Evidence(from_archive(data, "zip", settings, deadline))
@@ -229,12 +230,12 @@ def evidence_from_file(name: str, data: bytes, settings: ServiceSettings,
     try:
         path = Path(tmp.name) / name
         path.write_bytes(data)
-        intake = open_input(path)
+        intake = open_input(path, max_archive_bytes=settings.max_archive_bytes)
         check_workload_times(intake.bundle.workload)
         check_lines(intake.bundle, settings, deadline)
     except BundleError as exc:
         tmp.cleanup()
-        raise ApiError(422, "invalid_bundle", str(exc)) from None
+        raise classify_archive_error(exc) from None     # a gzipped log past the cap: 413, else 422
     except BaseException:
         tmp.cleanup()
         raise
