@@ -141,10 +141,10 @@ def _is_evidence(rel: str) -> bool:
     return parts[0] == "metrics" and rel.endswith(".jsonl")
 
 
-def _file_chunks(path: Path) -> Callable[[], Iterator[bytes]]:
+def _file_chunks(path: Path, piece: int = CHUNK) -> Callable[[], Iterator[bytes]]:
     def gen() -> Iterator[bytes]:
         with path.open("rb") as fh:
-            while chunk := fh.read(CHUNK):
+            while chunk := fh.read(piece):
                 yield chunk
     return gen
 
@@ -160,16 +160,17 @@ def log_name(path: str) -> str:
     return path[:-3] if compressed_log(path) else path
 
 
-def gunzipped(opener: Callable[[], Iterator[bytes]], origin: str, cap: int) -> Callable[[], Iterator[bytes]]:
-    """``opener``'s bytes as the gzip file they hold expands, in pieces of at most CHUNK; every member
+def gunzipped(opener: Callable[[], Iterator[bytes]], origin: str, cap: int,
+              piece: int = CHUNK) -> Callable[[], Iterator[bytes]]:
+    """``opener``'s bytes as the gzip file they hold expands, in pieces of at most ``piece``; every member
     of a multi-member file in turn. Bytes that do not start as gzip are given as they are (a file
     named .gz that is not). Past ``cap`` expanded bytes the read stops with ArchiveLimitError; a
     damaged or cut stream is read up to the damage, as a log cut short is read up to its end."""
     def gen() -> Iterator[bytes]:
         pieces = iter(opener())
         head = b""
-        for piece in pieces:
-            head += piece
+        for first in pieces:
+            head += first
             if len(head) >= len(GZIP_MAGIC):
                 break
         if not head.startswith(GZIP_MAGIC):
@@ -191,7 +192,7 @@ def gunzipped(opener: Callable[[], Iterator[bytes]], origin: str, cap: int) -> C
                 data, between, inflate = between, b"", zlib.decompressobj(GZIP_WBITS)
             while True:
                 try:
-                    out = inflate.decompress(data, CHUNK)
+                    out = inflate.decompress(data, piece)
                 except zlib.error:
                     return                  # damaged: what came before stands
                 if out:
@@ -210,7 +211,7 @@ def gunzipped(opener: Callable[[], Iterator[bytes]], origin: str, cap: int) -> C
                     inflate = zlib.decompressobj(GZIP_WBITS)
                     continue
                 data = inflate.unconsumed_tail
-                if not data and len(out) < CHUNK:
+                if not data and len(out) < piece:
                     break                   # all in, and nothing held back by the piece size
     return gen
 

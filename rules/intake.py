@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo
 from firstfault.schemas import WorkloadRecord
 
 from .bundle import (
-    MAX_WORKLOAD_BYTES, Bundle, BundleFile, _file_chunks, archive_cap_from_env, archive_kind, compressed_log, gunzipped,
+    CHUNK, MAX_WORKLOAD_BYTES, Bundle, BundleFile, _file_chunks, archive_cap_from_env, archive_kind, compressed_log, gunzipped,
     gzip_size, log_name, open_archive, open_bundle, parse_workload, read_workload, read_workload_bytes, walk_files,
 )
 from .errors import BundleError
@@ -142,14 +142,24 @@ def _console(line: str) -> bool:
     return any(c.isalpha() for c in line) and not _PROMPT.match(line) and not _NOT_CONSOLE.match(line)
 
 
+HEAD_BYTES = 256 * 1024            # what is read of a file to tell its kind
+
+
+def _opener(f: Path, rel: str, cap: int, piece: int = CHUNK) -> Callable[[], Iterator[bytes]]:
+    """A file's bytes in pieces of ``piece``; a gzipped log's as it expands (at most ``cap``)."""
+    raw = _file_chunks(f, piece)
+    return gunzipped(raw, rel, cap, piece) if compressed_log(rel) else raw
+
+
 def _head_lines(opener: Callable[[], Iterator[bytes]], limit: int) -> tuple[list[str], bool]:
-    """The first ``limit`` lines (decoded leniently) and whether the file looks binary."""
+    """The first ``limit`` lines (decoded leniently) of the first HEAD_BYTES, and whether the file
+    looks binary."""
     blob = b""
     chunks = opener()
     try:
         for chunk in chunks:
-            blob += chunk[:256 * 1024 - len(blob)]
-            if len(blob) >= 256 * 1024:
+            blob += chunk[:HEAD_BYTES - len(blob)]
+            if len(blob) >= HEAD_BYTES:
                 break
     finally:
         close = getattr(chunks, "close", None)
@@ -234,18 +244,17 @@ def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None, 
         if low.endswith(".json") and src is None:
             warnings.append(f"skipped {rel}: a JSON file that is not workload.json")
             continue
-        opener = gunzipped(_file_chunks(f), rel, cap) if compressed_log(rel) else _file_chunks(f)
-        head, binary = _head_lines(opener, SNIFF_LINES)
+        head, binary = _head_lines(_opener(f, rel, cap, HEAD_BYTES), SNIFF_LINES)
         if binary:
             warnings.append(f"skipped {rel}: binary content")
             continue
-        if not any(line.strip() for line in head) and _blank(opener):
+        if not any(line.strip() for line in head) and _blank(_opener(f, rel, cap, 1 << 20)):
             warnings.append(f"skipped {rel}: empty")
             continue
         st = f.stat()
         mtimes[rel] = st.st_mtime
         chosen.append(BundleFile(path=rel, size=gzip_size(f) if compressed_log(rel) else st.st_size,
-                                 open_chunks=opener, source=src or sniff(head)))
+                                 open_chunks=_opener(f, rel, cap), source=src or sniff(head)))
     chosen.sort(key=lambda b: b.path)
     if not chosen:
         raise BundleError(f"{root_name}: no log file to read" + (f" ({'; '.join(warnings)})" if warnings else ""))

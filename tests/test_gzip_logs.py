@@ -52,6 +52,8 @@ def test_a_member_bigger_than_a_piece_comes_whole():
     data = gzip.compress(big, 1) + gzip.compress(TEXT, 1)
     got = list(gunzipped(_pieces(data, 1 << 20), "x.log.gz", 1 << 30)())
     assert b"".join(got) == big + TEXT and max(map(len, got)) <= 8 * 1024 * 1024
+    small = list(gunzipped(_pieces(data, 1 << 20), "x.log.gz", 1 << 30, piece=4096)())   # a kind sniff's reads
+    assert b"".join(small) == big + TEXT and max(map(len, small)) <= 4096
 
 
 def test_bytes_that_are_not_gzip_are_read_as_they_are():
