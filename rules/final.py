@@ -314,12 +314,7 @@ class _TargetPool:
         if found is None:
             groups: dict[tuple[type, Any], list[int]] = {}
             odd: list[tuple[int, Any]] = []
-            if key.startswith("fields."):           # value_of's lookup, without a call per event
-                name = key[7:]
-                column = [e.fields.get(name) for e in self.events]
-            else:
-                column = [getattr(e, key, None) for e in self.events]
-            for i, value in enumerate(column):
+            for i, value in enumerate(value_of(e, key) for e in self.events):
                 try:
                     groups.setdefault((type(value), value), []).append(i)
                 except TypeError:           # a list in fields
