@@ -30,7 +30,7 @@ from .bundle import (
 from .errors import BundleError
 from .jsonsafe import load_json
 from .extract import _whole_lines, source_of
-from .prefixes import StampContext, read_head
+from .prefixes import StampContext, read_head, plain
 from .stamps import MONTHS, parse_iso, parse_rfc1123z, plausible, with_year
 
 SNIFF_LINES = 400                  # lines read to decide a file's source
@@ -101,6 +101,7 @@ class Intake:
     host_origin: dict[str, str] = field(default_factory=dict)
     ip_hosts: dict[str, str] = field(default_factory=dict)
     window_given: bool = False            # only the nodes were inferred: the record's own window stands
+    year_anchors: dict[str, datetime] = field(default_factory=dict)   # see _Facts.year_anchors (Extractor reads them)
 
     def facts(self) -> dict:
         """What the diagnosis should know of the inferences (it lands in the inventory)."""
@@ -167,7 +168,7 @@ def _head_lines(opener: Callable[[], Iterator[bytes]], limit: int) -> tuple[list
             close()                         # the file is closed now, not when the generator is collected
     if b"\x00" in blob[:8192] or len(_BINARY.findall(blob[:8192])) > 32:
         return [], True
-    return blob.decode("utf-8", "replace").splitlines()[:limit], False
+    return [plain(line) for line in blob.decode("utf-8", "replace").splitlines()[:limit]], False
 
 
 def _blank(opener: Callable[[], Iterator[bytes]]) -> bool:
@@ -266,7 +267,7 @@ def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None, 
     else:
         inferred, host_origin = [], {h: how for h, how in facts.host_origin.items() if h in workload.nodes}
     intake = Intake(bundle=Bundle(workload=workload, files=chosen), inferred=inferred, warnings=warnings,
-                    host_origin=host_origin, ip_hosts=facts.ip_hosts)
+                    host_origin=host_origin, ip_hosts=facts.ip_hosts, year_anchors=facts.year_anchors)
     return _with_nodes(intake, facts) if not inferred else intake
 
 
@@ -279,6 +280,7 @@ def _with_nodes(intake: Intake, facts: _Facts | None = None) -> Intake:
     if facts is None:
         facts = _scan_facts(intake.bundle.files, wl.start_time, zone=wl.zone)
     _short_names(facts)
+    intake.year_anchors = intake.year_anchors or facts.year_anchors
     hosts = sorted(facts.hosts)
     if not hosts:
         return intake                       # nothing to infer: the record as it is
@@ -363,6 +365,9 @@ class _Facts:
     last: datetime | None = None
     dated: datetime | None = None          # the earliest full date any line states (no stamp prefix at all)
     guessed: list[dict] = field(default_factory=list)   # year-less stamps whose year is a guess (mtime, today)
+    # path -> the instant its year-less stamps are read nearest to, where the lines decide it (their
+    # own full stamps, else another file's): contract section 2's order, ahead of workload.json
+    year_anchors: dict[str, datetime] = field(default_factory=dict)
 
     def undated_start(self) -> datetime:
         """A start for an input whose lines hold no date at all: nothing is placed by it, so it is a
@@ -398,7 +403,7 @@ def _scan_facts(files: list[BundleFile], start: datetime | None, mtimes: dict[st
                 n += 1
                 if n > SCAN_LINES:
                     break
-                pending.append((bf.source or source_of(bf.path) or "app", raw[:4096].decode("utf-8", "replace")))
+                pending.append((bf.source or source_of(bf.path) or "app", plain(raw[:4096].decode("utf-8", "replace"))))
             if n > SCAN_LINES:
                 break
         ft = _FileTimes(path=bf.path, mtime=(mtimes or {}).get(bf.path))
@@ -445,6 +450,8 @@ def _place_years(facts: _Facts, times: list[_FileTimes], start: datetime | None,
         if not ft.yearless:
             continue
         anchor, basis = _year_anchor(ft, times, start)
+        if basis in ("file", "other files"):
+            facts.year_anchors[ft.path] = anchor
         years: set[int] = set()
         for (mo, dd), span in ft.yearless.items():
             for hh, mi, ss, us in span:

@@ -2,6 +2,7 @@
 
 ``read_head`` peels them off one by one (syslog or journal header, dmesg stamp,
 srun label, torchrun/PyTorch rank tags, glog header, NCCL ``host:pid:tid [dev]``, pdsh ``host: ``,
+kubectl's ``[pod/<pod>/<container>] ``,
 Fabric Manager header, bracketed or bare date-times) and records what they say:
 stamp, host, rank, pid, CUDA device. What is left is the message the extraction
 patterns read. Pure function of the line and a :class:`StampContext`.
@@ -72,6 +73,9 @@ _VLLM = re.compile(
     r"(?:\.(?P<frac>\d+))? \[[\w./-]+:\d+\] ")
 # Markdown a user wrapped a pasted line in: "> " quotes, "**" bold, "```" fences
 _MARKDOWN = re.compile(r"(?:> ?)+|\*\*|`{3,}")     # a single backtick is content (Lightning's `Trainer.fit`)
+# kubectl logs --prefix (kubectl's addPrefixIfNeeded: "[pod/%s/%s] ", the pod and the container), e.g. over every
+# worker pod of a job at once with -l <selector>: the pod names the line's host through the record's pods map.
+_KUBECTL = re.compile(r"\[pod/(?P<pod>[a-z0-9][a-z0-9.-]{0,252})/(?P<container>[a-z0-9][a-z0-9-]{0,62})\] ")
 # docker compose logs: "daskcluster-worker-1     | " (service name, replica number, padding)
 _COMPOSE = re.compile(r"(?P<svc>[a-z0-9][\w.-]*[-_]\d+)\s+\| ")
 # Ray and vLLM worker tags: "(RayTrainWorker pid=5137, ip=10.128.0.103) ", "(VllmWorker rank=0 pid=104) ",
@@ -85,10 +89,12 @@ _PROC_TAG = re.compile(r"\((?P<who>[A-Za-z_][\w.:-]*)?(?: ?rank=(?P<rank>\d{1,7}
 _TQDM = re.compile(r" *(?:[^|\n]{1,120}?: *)?\d{1,3}%\|[^|\n]{0,200}\| *[\d.]+[kMGT]?/(?:[\d.]+[kMGT]?|\?) \[[^\]\n]{0,200}\]")
 _GREP_FILE = re.compile(r"(?P<file>[\w.-]{1,200}\.(?:log|out|err|txt))(?::\d{1,9})?:")
 # pdsh (DeepSpeed's multi-node runner), mpirun wrappers and nccl-tests put the host first: "c05r2n11: ",
-# "worker-1: ", "slurmstepd-falkor7: error: " (pdsh's "%s: %s"). Only as the first thing on the line and
-# only a name with a digit in it (or localhost): "RuntimeError: " is a message, "rank3: " a rank.
+# "worker-1: ", "slurmstepd-falkor7: error: " (pdsh's "%s: %s"), or the address the host was given by
+# ("10.10.23.10: ", a hostfile of IPs). Only as the first thing on the line and only a name with a digit
+# in it (or localhost) or a dotted IPv4 address: "RuntimeError: " is a message, "rank3: " a rank.
 _PDSH = re.compile(r"(?:slurmstepd-)?(?P<host>(?!(?:rank|step|epoch|iter|iteration|layer)\d+:)"
-                   r"(?:[A-Za-z][A-Za-z0-9-]{0,62}\d[A-Za-z0-9-]{0,62}|localhost)(?:\.[A-Za-z0-9-]{1,63}){0,6}): (?=\S)")
+                   r"(?:[A-Za-z][A-Za-z0-9-]{0,62}\d[A-Za-z0-9-]{0,62}|localhost)(?:\.[A-Za-z0-9-]{1,63}){0,6}"
+                   r"|(?:\d{1,3}\.){3}\d{1,3}): (?=\S)")
 
 
 @dataclass(frozen=True)
@@ -142,8 +148,8 @@ def _yearless(ctx: StampContext, second: tuple[str, str, str, str, str], micro: 
 
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
-            "mpi_tag", "host_rank")
-_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "grep_file")
+            "mpi_tag", "host_rank", "kubectl")
+_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "grep_file", "pdsh")
 _ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "grep_file", "pdsh")
 _ALPHA_CTIME = ("mpi_tag",) + _ALPHA
 _REGEX = {
@@ -152,7 +158,7 @@ _REGEX = {
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
     "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK, "markdown": _MARKDOWN, "compose": _COMPOSE,
-    "grep_file": _GREP_FILE, "tqdm": _TQDM, "pdsh": _PDSH,
+    "grep_file": _GREP_FILE, "tqdm": _TQDM, "pdsh": _PDSH, "kubectl": _KUBECTL,
 }
 
 
@@ -271,8 +277,30 @@ def _pointer_blind(key: bytes) -> bytes:
     return _POINTER.sub(lambda m: b"0x" + b"0" * (len(m[0]) - 2), key)
 
 
+# Terminal colours a program wrote into its log (Ray wraps every relayed line's "(Worker pid=N)" in
+# them; colour loggers paint the level): "\x1b[36m...\x1b[0m", the same with the ESC lost to a paste
+# ("[36m(RayWorkerWrapper pid=4183)[0m") or turned into U+FFFD. They are not the message: the prefixes
+# and patterns read the line without them. A bare "[Nm" is only taken for one beside a reset "[0m".
+_CSI = re.compile("\x1b\\[[0-?]*[ -/]*[@-~]|\ufffd\\[[0-9;]{0,16}m")
+_BARE_SGR = re.compile(r"\[\d[0-9;]{0,15}m")         # a digit first: "[m" is the start of "[multiproc.py:522]"
+
+
+def plain(line: str) -> str:
+    """``line`` without its terminal colour and cursor sequences, and without the byte-order mark an
+    editor put at the start of a file (Windows' Notepad saves UTF-8 with one)."""
+    if line[:1] == "\ufeff":
+        line = line[1:]
+    if "\x1b" in line or "\ufffd[" in line:
+        line = _CSI.sub("", line)
+    if "[0m" in line:
+        line = _BARE_SGR.sub("", line)
+    return line
+
+
 def read_head(line: str, ctx: StampContext) -> Head:
     """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
+    if "\x1b" in line or "[0m" in line or "\ufffd[" in line or line[:1] == "\ufeff":      # plain()'s tests, inline: most lines pass all
+        line = plain(line)
     key = _pointer_blind(line.encode("utf-8", "surrogatepass").translate(_ZEROS)) if len(line) <= _CHAIN_LINE else None
     chain = _CHAINS.get(key) if key is not None else None
     if chain is not None:
@@ -423,6 +451,11 @@ def _pdsh(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     return True
 
 
+def _kubectl(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    head.host = head.host or m["pod"]
+    return True
+
+
 def _compose(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     head.host = head.host or m["svc"]
     return True
@@ -476,6 +509,6 @@ _APPLY = {
     "srun": _srun, "torchrun": _torchrun, "rank": _rank, "rfc3164": _rfc3164, "iso_host": _iso_host,
     "iso_bracket": _iso, "iso_bare": _iso, "dmesg_ctime": _dmesg_ctime, "dmesg_uptime": _dmesg_uptime,
     "dmesg_delta": _dmesg_delta, "fm": _fm, "glog_bracket": _glog, "glog_bare": _glog, "vllm": _glog,
-    "markdown": _decoration, "tqdm": _decoration, "grep_file": _grep_file, "pdsh": _pdsh, "compose": _compose,
+    "markdown": _decoration, "tqdm": _decoration, "grep_file": _grep_file, "pdsh": _pdsh, "compose": _compose, "kubectl": _kubectl,
     "mpi_tag": _mpi_tag, "host_rank": _host_rank, "kmsg_host": _kmsg_host, "proc_tag": _proc_tag, "nccl": _nccl,
 }

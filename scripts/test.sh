@@ -37,4 +37,6 @@ fi
 # ... and bare = folder = bundle: each case as posted, refolded into another layout and under logs/app/ of a
 # bundle whose record states nothing the lines do not; any difference in status, sub_domain or nodes fails
 .venv/bin/python bench/accuracy.py --set corpus --shapes-must-agree --min-accuracy 0.94 --max-confident-wrong 0.01
+# ... and told differently (colours, a byte-order mark, CRLF, noise lines, gzipped): the same answer for every case
+.venv/bin/python bench/variants.py
 .venv/bin/python -m pytest -q --durations=15 "$@"

@@ -2,8 +2,9 @@
 
 Each sample is rewritten in ways that change no fact: its hosts renamed (in the record, the
 lines and the file names), its dates moved four years on, its line ends made CRLF, a blank
-line put after every line, spaces left at the ends of lines, its logs gzipped. The status, sub_domain and
-recovery action stay, and the nodes named are the same nodes under their new names.
+line put after every line, spaces left at the ends of lines, its logs gzipped, its lines painted in terminal
+colours (with and without their ESC), a byte-order mark at the start of each log, an unstamped progress-bar line
+after every line. The status, sub_domain and recovery action stay, and the nodes named are the same nodes under their new names.
 """
 from __future__ import annotations
 
@@ -64,6 +65,15 @@ def _same(fn: Callable[[str], str], logs_only: bool) -> Callable[[Path, Path], d
     return rewrite
 
 
+_BAR = "Epoch 3:  41%|####      | 410/1000 [01:02<01:30,  6.54it/s, loss=2.31]"      # no stamp, no anchor
+
+
+def _each_line(text: str, fn: Callable[[str], str]) -> str:
+    """``fn`` applied to every non-empty line; line ends kept."""
+    return "".join(fn(line[:-1]) + "\n" if line.endswith("\n") else fn(line)
+                   for line in text.splitlines(keepends=True) if line) if text else text
+
+
 def _gzipped(sample: Path, dst: Path) -> dict[str, str]:
     for p in sorted((dst / "logs").rglob("*.log")):
         p.with_name(p.name + ".gz").write_bytes(gzip.compress(p.read_bytes()))
@@ -79,6 +89,11 @@ VARIANTS: dict[str, Callable[[Path, Path], dict[str, str]]] = {
     "a blank line after each": _same(lambda t: t.replace("\n", "\n\n"), logs_only=True),
     "trailing spaces": _same(lambda t: t.replace("\n", "  \n"), logs_only=True),
     "logs gzipped": _gzipped,
+    # Ray wraps each relayed line in colours; pasted, the ESC is often lost ("[36m(Worker pid=N)[0m")
+    "terminal colours": _same(lambda t: _each_line(t, lambda l: f"\x1b[36m{l}\x1b[0m"), logs_only=True),
+    "colours without their ESC": _same(lambda t: _each_line(t, lambda l: f"[36m{l}[0m"), logs_only=True),
+    "a byte-order mark": _same(lambda t: "\xef\xbb\xbf" + t, logs_only=True),         # UTF-8 BOM, as latin-1 text
+    "a progress bar line after each": _same(lambda t: _each_line(t, lambda l: l + "\n" + _BAR), logs_only=True),
 }
 
 
@@ -110,3 +125,29 @@ def test_an_incident_told_differently_is_diagnosed_alike(sample, variant, tmp_pa
 def test_years_move_in_every_written_form():
     assert _years_on("2026-11-02T10:00:00Z [Jul 23 2024 07:53:55] Mon Nov  2 10:00:00 2026 2024-02-29") == \
         "2030-11-02T10:00:00Z [Jul 23 2028 07:53:55] Mon Nov  2 10:00:00 2030 2024-02-29"
+
+
+# Bare logs as posted (corpus/real), where nothing but the lines names the hosts and places the lines:
+# the colours and the byte-order mark must not hide a prefix, a host or the cause.
+CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "real"
+BARE = ["app-usr-db-288", "app-usr-arcticinf-175", "app-oom-nccl-1235", "ho5-launch-rdzv-horovodrun-ssh-unresolved-host-slots-horovod-951",
+        "ho3-usr-device-mismatch-rank2-grpo-xr1-21", "net-ncclcfg-nosockif-mambatree-14", "net-shm-docker-buserror-dope-297",
+        "ho-unattr-watchdog-seq-mismatch-1516-1517-llamafactory-2902"]
+BARE_VARIANTS = ("terminal colours", "colours without their ESC", "a byte-order mark", "a progress bar line after each")
+
+
+@pytest.mark.parametrize("variant", BARE_VARIANTS)
+@pytest.mark.parametrize("case", BARE)
+def test_a_posted_log_told_differently_is_diagnosed_alike(case, variant, tmp_path):
+    import json
+    spec = json.loads((CORPUS / case / "case.json").read_text())
+    src = CORPUS / case / spec["input"]
+    assert src.is_file()
+    dst = tmp_path / src.name
+    shutil.copy(src, dst)
+    VARIANTS[variant](src, tmp_path)
+    assert dst.read_bytes() != src.read_bytes()
+    base = analyze_path(src).diagnosis.to_dict()
+    got = analyze_path(dst).diagnosis.to_dict()
+    assert base["status"] == spec["expected"]["status"]
+    assert _key(got, {}) == _key(base, {})

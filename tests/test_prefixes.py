@@ -4,7 +4,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from firstfault.rules.prefixes import StampContext, read_head
+from firstfault.rules.prefixes import StampContext, read_head, plain
 from firstfault.rules.stamps import iso_z
 
 CTX = StampContext(zone=timezone.utc, anchor=datetime(2026, 11, 2, 10, tzinfo=timezone.utc))
@@ -121,12 +121,19 @@ def test_launcher_output_tags(line, message, rank, host, stamp):
     ("slurmstepd-falkor7: error: Detected 1 oom_kill event in StepId=4.0.", "error: Detected 1 oom_kill event in StepId=4.0.", "falkor7"),
     ("localhost: jiaming@localhost: Permission denied (publickey,password).",
      "jiaming@localhost: Permission denied (publickey,password).", "localhost"),
+    # a host given to pdsh by its address, then NCCL's prefix, which names the host itself (NVIDIA/nccl#969)
+    ("10.10.23.10: so-ucloud-10-10-23-10:1307367:1307586 [0] NCCL INFO include/net.h:32 -> 5",
+     "NCCL INFO include/net.h:32 -> 5", "so-ucloud-10-10-23-10"),
+    ("10.10.23.10: Traceback (most recent call last):", "Traceback (most recent call last):", "10.10.23.10"),
     # not a host: an exception name, a rank or a step, a word without a digit, a later "name: " in the message
     ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 MiB", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 MiB", None),
     ("rank3: CUDA error: an illegal memory access was encountered", "rank3: CUDA error: an illegal memory access was encountered", None),
     ("step10: loss 2.1", "step10: loss 2.1", None),
     ("worker: lost connection", "worker: lost connection", None),
     ("[rank0]: node12: foo", "node12: foo", None),
+    # a number is not an address, nor a version or a time
+    ("10: RuntimeError: boom", "RuntimeError: boom", None),
+    ("2.1.0: release notes", "2.1.0: release notes", None),
 ])
 def test_a_host_put_first_by_pdsh_or_a_launcher(line, message, host):
     head = read_head(line, CTX)
@@ -242,3 +249,46 @@ def _reads_as_if_alone(first: str, second: str) -> None:
     prefixes._CHAINS.clear()
     read_head(first, CTX)
     assert fields(read_head(second, CTX)) == alone
+
+
+@pytest.mark.parametrize("line, want", [
+    # Ray relays a worker's lines with its tag in colour; pasted, the ESC is lost or becomes U+FFFD
+    ("\x1b[36m(RayWorkerWrapper pid=4183, ip=10.3.32.122)\x1b[0m ERROR 06-03 23:13:39 worker_base.py:148] boom",
+     "(RayWorkerWrapper pid=4183, ip=10.3.32.122) ERROR 06-03 23:13:39 worker_base.py:148] boom"),
+    ("[36m(RayWorkerWrapper pid=4183, ip=10.3.32.122)[0m ERROR 06-03 23:13:39 worker_base.py:148] boom",
+     "(RayWorkerWrapper pid=4183, ip=10.3.32.122) ERROR 06-03 23:13:39 worker_base.py:148] boom"),
+    ("\ufffd[36m(RayWorkerWrapper pid=4183)\ufffd[0m ERROR", "(RayWorkerWrapper pid=4183) ERROR"),
+    # a cleared screen before the first line (corpus ho-walltime-megatron-ds-zero-perf-n16-jeanzay-bigscience-1999616)
+    ("\x1b[H\x1b[2J\x1b[3J+ srun --jobid 1999616 bash", "+ srun --jobid 1999616 bash"),
+    ("\ufeffNov  2 10:03:11 node-02 kernel: x", "Nov  2 10:03:11 node-02 kernel: x"),        # UTF-8 byte-order mark
+    # content that only looks like a colour code keeps its brackets
+    ("timeout [30m] reached", "timeout [30m] reached"),
+    ("[rank0]: step [12m/30m]", "[rank0]: step [12m/30m]"),
+    ("[36m(VllmWorker rank=0 pid=104) ERROR 09-09 02:24:28 [multiproc_executor.py:522] ValueError: boom[0m",
+     "(VllmWorker rank=0 pid=104) ERROR 09-09 02:24:28 [multiproc_executor.py:522] ValueError: boom"),
+])
+def test_colours_and_a_byte_order_mark_are_not_the_line(line, want):
+    assert plain(line) == want
+
+
+def test_a_coloured_prefix_is_read_as_the_plain_one():
+    head = read_head("\x1b[32mNov  2 10:03:11 node-02 kernel:\x1b[0m NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.", CTX)
+    assert (head.host, head.message) == ("node-02", "NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.")
+
+
+def test_kubectl_s_pod_prefix_names_the_pod_and_the_prefixes_after_it_are_read():
+    # kubectl logs --prefix (kubernetes/kubectl pkg/cmd/logs/logs.go addPrefixIfNeeded: "[pod/%s/%s] "), with --timestamps
+    head = read_head("[pod/train-worker-1/pytorch] 2026-11-02T10:03:11.123456789Z [rank9]:[E1102 10:13:12.044871 "
+                     "ProcessGroupNCCL.cpp:632] boom", CTX)
+    assert (head.host, head.rank, head.message, iso_z(head.stamp)) == ("train-worker-1", 9, "boom", "2026-11-02T10:03:11.123456Z")
+    assert read_head("[pod] x", CTX).host is None
+
+
+def test_a_pod_named_by_kubectl_is_placed_on_its_node():
+    from firstfault.rules.engine import analyze_files
+    from conftest import BASE_WORKLOAD
+    wl = {**BASE_WORKLOAD, "scheduler": "kubernetes", "pods": {"train-worker-1": "node-02", "train-worker-0": "node-01"}}
+    d = analyze_files(wl, {"logs/app/workers.log": (
+        "[pod/train-worker-1/pytorch] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 1 has a total capacity of 79.10 GiB of which 1.06 GiB is free.\n")}).diagnosis
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "cuda_oom", ["node-02"])
