@@ -23,7 +23,7 @@ from .intake import Intake, open_input
 from .catalog import Catalog, load_catalog
 from .diagnose import diagnose
 from . import fanout
-from .extract import MAX_LINE, ExtractStats, Extractor, LineMemory, source_of
+from .extract import MAX_LINE, ExtractStats, Extractor, LineMemory, source_of, year_anchors_extra
 from .model import Ev, EventSet
 from .telemetry import (
     MetricsRead, crossing_events, crossings, line_texts, read_metrics_file, unparsed_events, wanted_lines,
@@ -73,7 +73,10 @@ def intake_extra(intake: Intake) -> dict[str, Any]:
     inferred): ``ship`` puts it on the workload record so the stream diagnoses as ``analyze`` does."""
     kinds = {f.path: f.source for f in intake.bundle.files if f.source and not source_of(f.path)}
     facts = intake.facts()
-    return {INTAKE_EXTRA: {"kinds": kinds, "facts": facts}} if kinds or facts else {}
+    extra: dict[str, Any] = {"kinds": kinds, "facts": facts}
+    if intake.year_anchors:
+        extra["year_anchors"] = year_anchors_extra(intake.year_anchors)
+    return {INTAKE_EXTRA: extra} if kinds or facts or intake.year_anchors else {}
 
 
 def stream_inventory(workload: WorkloadRecord, paths: Iterable[str], metric_hosts: Iterable[str]) -> dict[str, Any]:
@@ -169,7 +172,7 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
     ``jobs`` > 1 lets a big bundle's log files be read in that many forked processes
     (rules/fanout.py: the same diagnosis); only for a caller that runs no other thread."""
     catalog = catalog or load_catalog()
-    extractor = Extractor(catalog, bundle.workload)
+    extractor = Extractor(catalog, bundle.workload, year_anchors=intake.year_anchors if intake is not None else None)
     events = EventSet()
     stats = ExtractStats()
     total = bundle.total_bytes
@@ -189,7 +192,8 @@ def analyze_bundle(bundle: Bundle, catalog: Catalog | None = None, progress: Pro
     logs = [f for f in bundle.files if f.kind != "metrics"]
     read = None
     if fanout.worth_it(logs, jobs):
-        read = fanout.read_in_parallel(catalog, bundle.workload, logs, jobs, chunks, step, deadline)
+        read = fanout.read_in_parallel(catalog, bundle.workload, logs, jobs, chunks, step, deadline,
+                                       year_anchors=intake.year_anchors if intake is not None else None)
         if read is None:
             done = 0                        # read again below: the bytes are counted again
     if read is not None:
@@ -282,7 +286,7 @@ def extract_records(extractor: Extractor, records: Iterable[RawLine], events: Ev
         if hits:
             stats.candidates += 1
             file_host = extractor.hosts.file_host(rec.path, source)
-            ev = extractor.read_line(rec.path, source, file_host, extractor.context(file_host), rec.line, raw,
+            ev = extractor.read_line(rec.path, source, file_host, extractor.context(file_host, rec.path), rec.line, raw,
                                      hits[0], lambda r=rec: memory.above(r.path, r.line), stats)
             if ev is not None:
                 stats.matched += 1

@@ -10,22 +10,23 @@ import itertools
 import math
 import re
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from datetime import timedelta
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from operator import itemgetter
 from pathlib import PurePosixPath
 from typing import Any
 
 from firstfault.schemas import WorkloadRecord
+from firstfault.schemas.workload import INTAKE_EXTRA
 
 from .bundle import log_name, source_of
 from .catalog import Catalog, Pattern
 from .model import Ev, EventSet
 from .prefilter import Prefilter, TooManyHits, anchor_index
 from .prefixes import Head, StampContext, read_head
-from .stamps import parse_iso, parse_rfc1123z
+from .stamps import iso_z, parse_iso, parse_rfc1123z
 
 MIXED = "mixed"               # a file of unknown kind: any source's patterns apply
 MAX_LINE = 64 * 1024          # longer lines are matched on their first MAX_LINE bytes (and flagged)
@@ -187,9 +188,13 @@ class _Candidates:
 class Extractor:
     """Extraction for one workload (its stamps' year, zone and host names)."""
 
-    def __init__(self, catalog: Catalog, workload: WorkloadRecord, force_fallback: bool = False) -> None:
+    def __init__(self, catalog: Catalog, workload: WorkloadRecord, force_fallback: bool = False,
+                 year_anchors: Mapping[str, datetime] | None = None) -> None:
         self.catalog = catalog
         self.workload = workload
+        # path -> where its year-less stamps take their year from, when its lines decide it (the
+        # intake's, rules/intake.py _Facts.year_anchors); a shipped input carries them on its record
+        self._year_anchors = dict(year_anchors) if year_anchors is not None else shipped_year_anchors(workload)
         self.hosts = HostResolver(workload)
         pre, self.by_anchor = anchor_index(catalog)
         self.prefilter = Prefilter(pre.anchors, force_fallback=True) if force_fallback else pre
@@ -218,10 +223,15 @@ class Extractor:
         boot = workload.boot_times.get(host) if host else None
         return StampContext(zone=workload.zone, anchor=workload.start_time, boot=boot)
 
-    def context(self, host: str | None) -> StampContext:
+    def context(self, host: str | None, path: str | None = None) -> StampContext:
+        """How ``host``'s stamps are read; with ``path``, that file's year anchor where it has one."""
         ctx = self._ctx_cache.get(host)
         if ctx is None:
             ctx = self._ctx_cache[host] = self.context_for(self.workload, host)
+        if path is not None and self._year_anchors:
+            anchor = self._year_anchors.get(path)
+            if anchor is not None:
+                return replace(ctx, anchor=anchor)
         return ctx
 
     # ------------------------------------------------------------ offline files
@@ -236,7 +246,7 @@ class Extractor:
         self._scopes.pop(path, None)
         self._stated.pop(path, None)
         file_host = self.hosts.file_host(path, source)
-        ctx = self.context(file_host)
+        ctx = self.context(file_host, path)
         tail: list[bytes] = []
         base_line = 1
         for chunk in _whole_lines(chunks):
@@ -323,7 +333,8 @@ class Extractor:
 
     def _set_scope(self, path: str, pat: Pattern, fields: dict[str, Any]) -> None:
         """What this line says of the lines below it in its file (``Pattern.scope``): the host they
-        are on, the object (pod) they are about; a key whose field is empty or unnamed clears it."""
+        are on, the object (pod) they are about, the tear-down they belong to; a key whose field is
+        empty or unnamed clears it."""
         scope = dict(self._scopes.get(path) or {})
         for key, name in pat.scope.items():
             value = fields.get(name) if name else None
@@ -419,6 +430,8 @@ class Extractor:
                 host = scope.get("host")
             if scope.get("object") and fields.get("object") is None:
                 fields["object"] = scope["object"]
+            if scope.get("teardown") and "torn_down_by" not in fields:
+                fields["torn_down_by"] = scope["teardown"]
         if host is None and file_host:
             host = file_host
         if host is None:
@@ -448,6 +461,25 @@ class Extractor:
                   text=text if len(text) <= SHOWN else _shown(text), host=host, pci=pci, rank=rank,
                   stamp=head.stamp, last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
                   count=1, ranks={rank} if rank is not None else set(), signature=signature)
+
+
+def year_anchors_extra(anchors: Mapping[str, datetime]) -> dict[str, str]:
+    """The year anchors as a shipped record carries them (INTAKE_EXTRA's ``year_anchors``)."""
+    return {path: iso_z(when) for path, when in sorted(anchors.items())}
+
+
+def shipped_year_anchors(workload: WorkloadRecord) -> dict[str, datetime]:
+    """The year anchors a shipped bare input's record carries (``year_anchors_extra``); {} if none."""
+    extra = (workload.model_extra or {}).get(INTAKE_EXTRA)
+    found = extra.get("year_anchors") if isinstance(extra, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    out = {}
+    for path, when in found.items():
+        stamp = parse_iso(when, timezone.utc) if isinstance(path, str) and isinstance(when, str) else None
+        if stamp is not None:
+            out[path] = stamp
+    return out
 
 
 def _line_fields(fields: dict[str, Any], head: Head, damaged: bool) -> dict[str, Any]:

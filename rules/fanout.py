@@ -71,7 +71,7 @@ def _read_group(indices: list[int]) -> list[tuple[int, list[tuple], ExtractStats
     where the first merged is kept), so only the same order is sure to give the same bytes."""
     catalog, workload, files = _SHARED["catalog"], _SHARED["workload"], _SHARED["files"]
     chunks, done = _SHARED["chunks"], _SHARED["done"]
-    extractor = Extractor(catalog, workload)
+    extractor = Extractor(catalog, workload, year_anchors=_SHARED.get("year_anchors"))
     out: list[tuple[int, list[tuple], ExtractStats]] = []
 
     def step(n: int) -> None:
@@ -101,16 +101,18 @@ def _child(indices: list[int], conn: Any) -> None:
 def read_in_parallel(catalog: Catalog, workload: Any, files: list[BundleFile], jobs: int,
                      chunks: Callable[[BundleFile], Iterable[bytes]],
                      progress: Callable[[int], None] | None = None,
-                     deadline: float | None = None) -> tuple[EventSet, list[ExtractStats]] | None:
+                     deadline: float | None = None,
+                     year_anchors: Any = None) -> tuple[EventSet, list[ExtractStats]] | None:
     """The events of ``files`` (all of them log files) and each file's counts, in file order; None
     when a child did not complete its read (it raised, or died: the caller then reads serially).
-    Past ``deadline`` the children are stopped and AnalysisTimeout raised."""
+    Past ``deadline`` the children are stopped and AnalysisTimeout raised. ``year_anchors``: the
+    serial read's (Extractor's ``year_anchors``), for the children's extractors."""
     import multiprocessing
     from multiprocessing.connection import wait
 
     ctx = multiprocessing.get_context("fork")
     done = ctx.Value("q", 0)
-    _SHARED.update(catalog=catalog, workload=workload, files=files, chunks=chunks, done=done)
+    _SHARED.update(catalog=catalog, workload=workload, files=files, chunks=chunks, done=done, year_anchors=year_anchors)
     children = []
     try:
         for group in groups(files, jobs):

@@ -117,10 +117,13 @@ def precedes(ctx: "FinalContext", a: Ev, b: Ev) -> bool | None:
 
 
 def within(ctx: "FinalContext", a: Ev, b: Ev, window_s: float | None) -> bool:
-    """Could ``a`` and ``b`` be at most ``window_s`` apart, either way round, as far as their bases tell?
+    """Could an occurrence of ``a`` and one of ``b`` be at most ``window_s`` apart, either way round,
+    as far as their bases tell?
 
-    Points are compared (with the clock tolerance across hosts); a lower bound contradicts the
-    window only when it already lies past the other's point plus the window; no time, no contradiction."""
+    A repeated report spans its first to its last occurrence (a hung task reported every two minutes
+    for an hour meets the stack frames of its last report). Points are compared (with the clock
+    tolerance across hosts); a lower bound contradicts the window only when it already lies past the
+    other's point plus the window; no time, no contradiction."""
     if window_s is None:
         return True
     ta, tb = ctx.when(a), ctx.when(b)
@@ -128,12 +131,19 @@ def within(ctx: "FinalContext", a: Ev, b: Ev, window_s: float | None) -> bool:
         return True
     span = timedelta(seconds=float(window_s)) + (timedelta(0) if same_clock(a, b) else ctx.tol())
     if placed(a) and placed(b):
-        return abs(ta - tb) <= span
+        return max(ta, tb) - min(ta + _spread(a), tb + _spread(b)) <= span
     if placed(a) and b.quality in LOWER_BOUND:
         return tb <= ta + span
     if placed(b) and a.quality in LOWER_BOUND:
         return ta <= tb + span
     return True
+
+
+def _spread(ev: Ev) -> timedelta:
+    """From an event's first occurrence to its last (zero for a single line)."""
+    if ev.stamp is None or ev.last_stamp is None or ev.last_stamp <= ev.stamp:
+        return timedelta(0)
+    return ev.last_stamp - ev.stamp
 
 
 _STRENGTH = {"strong": 0, "weak": 1, "echo": 2}

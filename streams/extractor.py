@@ -217,7 +217,7 @@ class ExtractorCore:
         span = timedelta(seconds=EVIDENCE_HORIZON_S)
         for a in allocs:
             ex = self.extractor_for(a)
-            stamp = read_head(rec.text, ex.context(ex.hosts.file_host(rec.path, source))).stamp
+            stamp = read_head(rec.text, ex.context(ex.hosts.file_host(rec.path, source), rec.path)).stamp
             end = a.end or a.workload.end_time
             if stamp is None or (stamp >= a.workload.start_time - span and (end is None or stamp <= end + span)):
                 inside.append(a)
@@ -379,7 +379,7 @@ class ExtractorCore:
         for alloc in allocs:
             ex = self.extractor_for(alloc)
             file_host = ex.hosts.file_host(rec.path, source)
-            ctx = ex.context(file_host)
+            ctx = ex.context(file_host, rec.path)
             lines_above = (lambda a=above: a) if above is not None else \
                 (lambda r=rec: self.memory.above(_mem_key(r), r.line))
             ev = ex.read_line(rec.path, source, file_host, ctx, rec.line, raw, anchor_ids, lines_above, stats)

@@ -130,6 +130,40 @@ def test_year_from_workload_json_before_the_modification_time(tmp_path):
     assert "modification time" not in _workload_notes(d)
 
 
+def test_a_record_that_names_no_node_yields_to_the_files_full_dates(tmp_path):
+    """Contract section 2's order holds in a bundle too: a record naming no node (its nodes come
+    from the lines) whose start_time is far from them does not date a file's year-less stamps that
+    another file's full dates place (ho7-host-shm-enospc-nccl-dp16-vllm-decode-llmd-352, refolded)."""
+    app = "[2026-11-02 10:01:00,123][__main__][INFO] - step 100 loss 2.1\n"
+    _at(tmp_path / "logs" / "app" / "train.log", app)
+    _at(tmp_path / "logs" / "syslog" / "node-02.log", XID79_SYSLOG)
+    (tmp_path / "workload.json").write_text(json.dumps(
+        {"workload_id": "job-7", "state": "UNKNOWN", "start_time": "2000-01-01T00:00:00Z"}))
+    d = analyze_path(tmp_path).diagnosis
+    assert (d.sub_domain, d.root_cause.timestamp) == ("gpu_fell_off_bus", "2026-11-02T10:03:11.000000Z")
+
+
+def test_the_year_anchors_a_shipped_input_carries_are_the_stream_s_too(tmp_path):
+    """``ship`` puts the intake's year anchors on the record (engine.intake_extra), and an extractor
+    built from that record alone (the stream's) reads the file's stamps in the same year."""
+    from firstfault.rules.engine import intake_extra
+    from firstfault.rules.extract import Extractor
+    from firstfault.rules.prefixes import read_head
+    from firstfault.schemas import WorkloadRecord
+    _at(tmp_path / "logs" / "app" / "train.log", "[2026-11-02 10:01:00,123][__main__][INFO] - step 100 loss 2.1\n")
+    _at(tmp_path / "logs" / "syslog" / "node-02.log", XID79_SYSLOG)
+    (tmp_path / "workload.json").write_text(json.dumps(
+        {"workload_id": "job-7", "state": "UNKNOWN", "start_time": "2000-01-01T00:00:00Z"}))
+    intake = open_input(tmp_path)
+    assert set(intake.year_anchors) == {"logs/syslog/node-02.log"}
+    wl = intake.bundle.workload
+    shipped = WorkloadRecord.model_validate({**wl.model_dump(), **(wl.model_extra or {}), **intake_extra(intake)})
+    ex = Extractor(__import__("firstfault.rules.engine", fromlist=["load_catalog"]).load_catalog(), shipped)
+    stamp = read_head(XID79_SYSLOG.rstrip("\n"), ex.context("node-02", "logs/syslog/node-02.log")).stamp
+    assert stamp.isoformat() == "2026-11-02T10:03:11+00:00"
+    assert read_head(XID79_SYSLOG.rstrip("\n"), ex.context("node-02")).stamp.year != 2026     # the record's year
+
+
 def test_dmesg_uptime_iso_and_ctime_stamps_are_unaffected(tmp_path):
     """Stamps with their own year keep it, whatever the modification time; uptime stays order only."""
     cases = {
