@@ -28,8 +28,10 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 BUILTIN_CATALOG = PACKAGE_DIR / "catalog"
 SOURCES = frozenset({"app", "syslog", "fabricmanager", "scheduler", "metrics"})
 # A pattern's scope: host (of the lines below), object (they are about: a field of that name),
-# pod (both: the object, and the pod's node from the workload's pods map as the host).
-SCOPE_KEYS = frozenset({"host", "object", "pod"})
+# pod (both: the object, and the pod's node from the workload's pods map as the host), teardown
+# (the lines below were written while the launcher tore the step down: they carry the field as
+# ``torn_down_by``, which EARLY rules read, e.g. a cancellation banner that is srun's own).
+SCOPE_KEYS = frozenset({"host", "object", "pod", "teardown"})
 STATUSES = frozenset({"experimental", "test", "stable"})
 TYPES = {"int": int, "float": float, "str": str}
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
@@ -717,8 +719,9 @@ ENGINE_FIELDS: Mapping[str, frozenset[str]] = {
     "dcgm_threshold": frozenset({"metric", "value", "threshold", "rule", "why", "delta", "previous", "xid"}),
 }
 ENGINE_KINDS = frozenset(ENGINE_FIELDS)
-# Fields every extracted event may carry, and the names an output template always has.
-LINE_FIELDS = frozenset({"uptime_s", "pid_prefix", "cuda_dev", "damaged_line", "host_basis"})
+# Fields every extracted event may carry (torn_down_by: from a teardown scope above the line),
+# and the names an output template always has.
+LINE_FIELDS = frozenset({"uptime_s", "pid_prefix", "cuda_dev", "damaged_line", "host_basis", "torn_down_by"})
 TEMPLATE_NAMES = frozenset({"host", "gpu", "rank", "kind"})
 
 

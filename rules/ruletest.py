@@ -2,7 +2,8 @@
 
 Extraction patterns: each ``match`` line must yield an event from that pattern with
 the expected fields; each ``no_match`` line must not. EARLY rules: each ``fires``
-line must be touched by the rule, each ``quiet`` line not (an example with ``source: metrics``
+line must be touched by the rule, each ``quiet`` line not (a line may be several: the event is the
+last one's, the others its context; an example with ``source: metrics``
 gives ``lines:``, a series of metrics samples read as one ``metrics/dcgm.jsonl``). FINAL rules (YAML and
 Python): each ``fires`` scenario must leave the rule's step in the evidence trail,
 each ``quiet`` scenario must not.
@@ -45,13 +46,18 @@ def _path_for(source: str) -> str:
 
 
 def extract_one(catalog: Catalog, line: str, source: str, workload: WorkloadRecord | None = None):
-    """The event (or None) that the real extractor makes of one line from ``source``."""
+    """The event (or None) that the real extractor makes of one line from ``source``. An example of
+    several lines is read as one file: the lines above give the last one its context (a scope, an
+    inherited stamp), and the event is the last line's."""
     wl = workload or WorkloadRecord.model_validate(_WL)
     ex = Extractor(catalog, wl)
     events = EventSet()
     path = _path_for(source)
     ex.scan_file(path, [line.encode("utf-8", errors="surrogateescape") + b"\n"], events)
     evs = events.sorted()
+    if "\n" in line:
+        last = line.count("\n") + 1
+        evs = [e for e in evs if e.line == last]
     return evs[0] if evs else None
 
 

@@ -162,7 +162,10 @@ PATTERN_IDS = [p["id"] for p in patterns()]
 RULE_IDS = [r["id"] for r in rules()]
 MATCH_CASES = [(p["id"], i) for p in patterns() for i, _ in enumerate(_examples(p, "match"))]
 NOMATCH_CASES = [(p["id"], i) for p in patterns() for i, _ in enumerate(_examples(p, "no_match"))]
-FIRES_CASES = [(r["id"], i) for r in rules() for i, _ in enumerate((r.get("examples") or {}).get("fires") or [])]
+# An example of several lines gives its last line a context (a scope above it) that this one-line
+# model does not read: `firstfault rules test` runs those through the real extractor.
+FIRES_CASES = [(r["id"], i) for r in rules() for i, ex in enumerate((r.get("examples") or {}).get("fires") or [])
+               if "\n" not in ex["line"]]
 QUIET_CASES = [(r["id"], i) for r in rules() for i, _ in enumerate((r.get("examples") or {}).get("quiet") or [])]
 
 

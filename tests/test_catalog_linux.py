@@ -147,3 +147,45 @@ def test_nvme_timeout_then_io_error_is_storage():
                        ("10:03:11", "[73342.011902] nvme nvme1: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff"),
                        ("10:03:11", "[73342.120001] Aborting journal on device nvme1n1p1-8.")))
     assert (d.status, d.sub_domain) == ("attributed", "storage_io_error")
+
+
+# ------------------------------------------------------------------ a hung task inside a file system
+
+# huggingface/m4-logs tr_141 (num_workers_0-try3/dmesg.txt): a task blocked in GPFS (mmfs26/mmfslinux frames)
+GPFS_HUNG = """[Thu Mar  2 15:59:56 2023] INFO: task epilog.sh:76609 blocked for more than 120 seconds.
+[Thu Mar  2 15:59:56 2023]       Tainted: P           OE    --------- -  - 4.18.0-372.36.1.el8_6.x86_64 #1
+[Thu Mar  2 15:59:56 2023] "echo 0 > /proc/sys/kernel/hung_task_timeout_secs" disables this message.
+[Thu Mar  2 15:59:56 2023] task:epilog.sh       state:D stack:    0 pid:76609 ppid: 76603 flags:0x00000080
+[Thu Mar  2 15:59:56 2023] Call Trace:
+[Thu Mar  2 15:59:56 2023]  __schedule+0x2d1/0x860
+[Thu Mar  2 15:59:56 2023]  ? cxiUiomove+0x326/0x3c0 [mmfslinux]
+[Thu Mar  2 15:59:56 2023]  schedule+0x35/0xa0
+[Thu Mar  2 15:59:56 2023]  cxiWaitEventWait+0x208/0x330 [mmfslinux]
+[Thu Mar  2 15:59:56 2023]  ? wake_up_q+0x70/0x70
+[Thu Mar  2 15:59:56 2023]  _ZN6ThCond12internalWaitEP16KernelSynchStatejPv+0x58/0x250 [mmfs26]
+"""
+
+
+def test_a_task_hung_inside_gpfs_is_the_file_system_not_the_host_s_kernel(tmp_path):
+    p = tmp_path / "dmesg.txt"
+    p.write_text(GPFS_HUNG)
+    d = analyze_path(p).diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "storage_io_error")
+    assert d.recovery.action != "drain_nodes"
+
+
+def test_a_task_hung_elsewhere_stays_a_kernel_report(tmp_path):
+    p = tmp_path / "dmesg.txt"
+    p.write_text("".join(line for line in GPFS_HUNG.splitlines(keepends=True) if "[mmfs" not in line))
+    d = analyze_path(p).diagnosis
+    assert d.sub_domain == "host_kernel_error"
+
+
+def test_the_same_task_reported_again_later_still_meets_its_frames(tmp_path):
+    """khungtaskd repeats its report every two minutes: the events span first to last report, and the
+    frames of the last one are the same fault as it (rules/order.py within)."""
+    later = GPFS_HUNG.replace("Thu Mar  2 15:59:56 2023", "Thu Mar  2 16:59:58 2023")
+    p = tmp_path / "dmesg.txt"
+    p.write_text(GPFS_HUNG.split("[Thu Mar  2 15:59:56 2023] Call Trace:")[0] + later)
+    d = analyze_path(p).diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "storage_io_error")

@@ -141,3 +141,23 @@ def test_a_gid_table_change_before_the_ib_errors_is_the_cause_on_its_host():
     d = analyze_files(wl, {"logs/app/train.log": text}).diagnosis
     assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "ib_link_error", ["node-03"])
     assert d.recovery.action == "retry_excluding_nodes"
+
+
+def test_ib_size_check_is_a_collective_mismatch_on_the_host_nccl_names():
+    # NVIDIA/nccl#969: pdsh puts the address first, NCCL's prefix names the host; NCCL returns ncclInvalidUsage.
+    d = diag({"logs/app/train.log": (
+        "10.10.23.10: so-ucloud-10-10-23-10:1307367:1307586 [0] transport/net_ib.cc:1038 NCCL WARN NET/IB : req 0/1 tag 0 "
+        "peer 10.10.23.6<58683> collective mismatch error, local size 496640 remote size 65536\n"
+        "10.10.23.10: so-ucloud-10-10-23-10:1307367:1307586 [0] NCCL INFO include/net.h:32 -> 5\n"
+        "10.10.23.10: so-ucloud-10-10-23-10:1307367:1307586 [0] NCCL INFO proxy.cc:684 -> 5 [Proxy Thread]\n")},
+        nodes=["so-ucloud-10-10-23-10", "so-ucloud-10-10-23-6"])
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "collective_mismatch", ["so-ucloud-10-10-23-10"])
+    assert d.recovery.action == "notify_owner"
+
+
+def test_socket_truncation_hedges_on_the_network_and_is_not_a_mismatch():
+    d = diag({"logs/app/node-01.log": (
+        "node-01:4711:4790 [0] transport/net_socket.cc:636 NCCL WARN NET/Socket : peer 10.0.0.2<40531> message truncated : "
+        "receiving 1048576 bytes instead of 65536. If you believe your socket network is in a healthy state, there may be a "
+        "mismatch in collective sizes or environment settings (e.g. NCCL_PROTO, NCCL_ALGO) between ranks\n")})
+    assert d.sub_domain != "collective_mismatch"

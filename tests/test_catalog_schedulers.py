@@ -153,3 +153,46 @@ def test_node_status_unknown_is_a_weak_node_failure():
               "  Ready            Unknown   Mon, 02 Nov 2026 10:03:41 +0000   Mon, 02 Nov 2026 10:04:53 +0000   "
               "NodeStatusUnknown   Kubelet stopped posting node status.\n"}, **K8S)
     assert d.sub_domain == "node_failure" and d.recovery.action != "drain_nodes"
+
+
+# ------------------------------------------------------------------ srun's own tear-down, LSF and PBS
+
+DEIT = ("srun: error: learnfair0824: task 5: Exited with exit code 1\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=43575862.0\n"
+        "slurmstepd: error: *** STEP 43575862.0 ON learnfair0824 CANCELLED AT 2021-07-14T08:00:36 ***\n"
+        "srun: error: learnfair0824: tasks 3,7: Killed\n"
+        "srun: Force Terminated StepId=43575862.0\n")
+
+
+def bare(tmp_path, text):
+    """A bare log as users hold it (no scheduler record: the window is the lines' own)."""
+    from firstfault.rules.engine import analyze_path
+    p = tmp_path / "slurm-43575862.err"
+    p.write_text(text)
+    return analyze_path(p).diagnosis
+
+
+def test_a_banner_printed_by_srun_s_own_tear_down_is_not_a_person_cancelling(tmp_path):
+    # facebookresearch/deit#102; srun's _step_signal (src/srun/launch.c) after a task's abnormal exit
+    d = bare(tmp_path, DEIT)
+    assert d.status == "unattributed"
+    assert d.recovery.action == "notify_owner"
+
+
+def test_the_banner_of_a_scancel_is_still_a_person_cancelling(tmp_path):
+    # scancel: the banner first, then srun reports the tasks it killed; no task ended on its own
+    d = bare(tmp_path, "\n".join(DEIT.splitlines()[2:]) + "\n")
+    assert (d.status, d.sub_domain) == ("attributed", "user_cancelled")
+
+
+@pytest.mark.parametrize("line, sub_domain", [
+    ("TERM_OWNER: job killed by owner.", "user_cancelled"),                  # MrCogito/Deep_learning_2023
+    ("TERM_ADMIN: job killed by root or LSF administrator.", "user_cancelled"),
+    ("TERM_PREEMPT: job killed after preemption.", "preempted"),
+    ("TERM_RUNLIMIT: job killed after reaching LSF run time limit.", "walltime_exceeded"),
+    ("batch: 19172, current loss: 0.3624596437682209=>> PBS: job killed: walltime 86489 exceeded limit 86400", "walltime_exceeded"),
+    ("=>> PBS: job killed: mem 4267188kb exceeded limit 4194304kb", "host_oom"),
+])
+def test_lsf_and_pbs_say_why_they_ended_the_job(line, sub_domain):
+    d = diag({"logs/app/job.out": TRAIN + line + "\n"}, nodes=["node-01"])
+    assert (d.status, d.sub_domain) == ("attributed", sub_domain)

@@ -75,6 +75,41 @@ FRAMEWORKS = {
     "prime_rl": (
         "06-16 21:29:30 [TRAIN] [Rank 0] [INFO] [train.py:501] step: 20, loss: 0.0012\n",
         "06-16 21:29:32 [TRAIN] [Rank 0] [INFO] [train.py:535] Training finished, exiting ...\n"),
+    # facebookresearch/fairseq examples/fully_sharded_data_parallel/README.md (the maintainers' example output)
+    "fairseq": (
+        '2021-03-08 18:12:19 | INFO | train_inner | {"epoch": 1, "update": 0.013, "loss": "16.548", "ppl": "95796.2", '
+        '"wps": "3274.4", "ups": "0.02", "wpb": "131072", "bsz": "64", "num_updates": "10", "lr": "0", "gnorm": "5.22", '
+        '"loss_scale": "1", "train_wall": "40", "gb_free": "9.3", "wall": "490"}\n'
+        "2021-03-08 18:12:19 | INFO | fairseq_cli.train | Stopping training due to num_updates: 10 >= max_update: 10\n"
+        "2021-03-08 18:12:45 | INFO | fairseq_cli.train | end of epoch 1 (average epoch stats below)\n",
+        "2021-03-08 18:12:45 | INFO | fairseq_cli.train | done training in 509.9 seconds\n"),
+    # ultralytics/yolov5#8401 (YOLOv5 train.py; the ultralytics package prints the same line)
+    "ultralytics": (
+        "     Epoch   gpu_mem       box       obj       cls    labels  img_size\n"
+        "   299/299        0G  0.008668  0.002224         0        10       640: 100%|##########| 49/49 "
+        "[01:21<00:00,  1.66s/it]\n"
+        "                 all        245        258      0.987      0.961      0.988      0.794\n\n",
+        "300 epochs completed in 8.675 hours.\n"
+        "Optimizer stripped from runs/train/xfl-yolov5/weights/last.pt, 6.7MB\n"),
+    # NVIDIA/nccl-tests#119 (all_reduce_perf's last row and its footer)
+    "nccl_tests": (
+        "   133169160      33292290     float     sum      -1   2666.0   49.95   95.74      0   2660.4   50.06   "
+        "95.94      0\n",
+        "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 84.8558\n"),
+    # pytorch/torchtitan#3393 (a 100-step run's end under torchrun)
+    "torchtitan": (
+        "[rank0]:[titan] 2026-05-18 16:06:49,154 - root - INFO - Saving a full checkpoint at last step, step 100.\n"
+        "[rank0]:[titan] 2026-05-18 16:06:49,630 - root - INFO - Last step checkpoint completed in 0.48s\n"
+        "[rank0]:[titan] 2026-05-18 16:06:49,630 - root - INFO - Sleeping 2 seconds for other ranks to complete\n",
+        "[rank0]:[titan] 2026-05-18 16:06:51,630 - root - INFO - Training completed\n"
+        "[rank0]:[titan] 2026-05-18 16:06:51,631 - root - INFO - Destroying the purge thread.\n"
+        "[rank0]:[titan] 2026-05-18 16:06:52,119 - root - INFO - Process group destroyed\n"),
+    # modelscope/ms-swift#5772 (swift/llm/base.py SwiftPipeline.main)
+    "ms_swift": (
+        "Train: 100%|##########| 74/74 [32:09<00:00, 26.08s/it]\n"
+        "[INFO:swift] last_model_checkpoint: /mnt/checkpoint/179466898/1/v0-20250911-154634/checkpoint-74\n"
+        "[INFO:swift] best_model_checkpoint: /mnt/checkpoint/179466898/1/v0-20250911-154634/checkpoint-74\n",
+        "[INFO:swift] End time of running main: 2025-09-11 16:19:22.473503\n"),
 }
 
 
@@ -121,6 +156,13 @@ def test_without_its_end_of_run_line_the_same_log_is_not_no_failure(tmp_path):
     "Job resiliency-in-pretraining-demo-nr166h9790700 finished: FAILED",
     # Lightning with nothing to train
     "`Trainer.fit` stopped: No training batches.",
+    # fairseq's stop decision comes before its end-of-epoch validation and its end line (fairseq FSDP README)
+    "2021-03-08 18:12:19 | INFO | fairseq_cli.train | Stopping training due to num_updates: 10 >= max_update: 10",
+    # nccl-tests' footer when the data check found wrong values (NVIDIA/nccl-tests#131)
+    "# Out of bounds values : 50 FAILED",
+    # torchtitan's line before the end, and another script's "Training completed!" that goes on to evaluate
+    "[rank0]:[titan] 2026-05-18 16:06:49,630 - root - INFO - Sleeping 2 seconds for other ranks to complete",
+    "2026-02-07 11:20:49,830 - root - INFO - Training completed!",
 ])
 def test_lines_that_do_not_say_the_run_finished(tmp_path, line):
     d = _analyze(tmp_path, "Epoch 3: 100%|##########| 10/10 [00:01<00:00,  9.1it/s]\n" + line + "\n")

@@ -198,7 +198,7 @@ def decode_xid(ev: Mapping[str, Any]) -> Tag | None:
     if pname is not None and str(pname).strip() in _UNKNOWN_PID:
         fields["pname"] = None
     fields.update(_detail(xid, msg))
-    where = "GPU {gpu}[[ of {host}]]"
+    where = "GPU[[ {gpu}]][[ of {host}]]"      # a line may name no GPU ("PCI:..." as a poster elided it)
     label = f"Xid {xid} ({_esc(meaning)})"
 
     if xid in NVLINK5_XIDS:
