@@ -201,6 +201,7 @@ class Extractor:
         self._priority = {p.id: i for i, p in enumerate(catalog.patterns)}
         self._cand_cache: dict[tuple[frozenset[int], str], _Candidates] = {}
         self._ctx_cache: dict[str | None, StampContext] = {}
+        self._file_ctx: dict[tuple[str | None, str], StampContext] = {}     # (host, path) -> with its year anchor
         self._stated: dict[str, tuple[int, Any]] = {}     # path -> (line, time) of its last line stating its time
         self._scopes: dict[str, dict[str, str | None]] = {}   # path -> what its lines so far say of the next (Pattern.scope)
         self._memo = _memo(catalog)
@@ -231,7 +232,14 @@ class Extractor:
         if path is not None and self._year_anchors:
             anchor = self._year_anchors.get(path)
             if anchor is not None:
-                return replace(ctx, anchor=anchor)
+                # the stream asks once a record: one context per file, not one per line
+                key = (host, path)
+                found = self._file_ctx.get(key)
+                if found is None:
+                    if len(self._file_ctx) >= 4096:
+                        self._file_ctx.clear()
+                    found = self._file_ctx[key] = replace(ctx, anchor=anchor)
+                return found
         return ctx
 
     # ------------------------------------------------------------ offline files
