@@ -39,4 +39,10 @@ fi
 .venv/bin/python bench/accuracy.py --set corpus --shapes-must-agree --min-accuracy 0.94 --max-confident-wrong 0.01
 # ... and told differently (colours, a byte-order mark, CRLF, noise lines, gzipped): the same answer for every case
 .venv/bin/python bench/variants.py
-.venv/bin/python -m pytest -q --durations=15 "$@"
+# The suite runs on two workers (pytest-xdist; one module's tests stay on one worker, so module fixtures
+# such as a running pipeline start once): most of its time waits on real brokers and daemons, not the CPU.
+# schemathesis generates its tests inside one item, which xdist would report (and run) as one: it runs
+# on its own, after.
+SCHEMA_TESTS=tests/test_service_schemathesis.py
+.venv/bin/python -m pytest -q --durations=15 -n "${FIRSTFAULT_TEST_WORKERS:-2}" --dist loadfile --ignore="$SCHEMA_TESTS" "$@"
+.venv/bin/python -m pytest -q "$SCHEMA_TESTS"

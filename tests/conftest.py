@@ -13,6 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_size(monkeypatch):
+    """Tests see the output a program writes to a pipe, whoever runs them: a terminal's $COLUMNS (or the
+    COLUMNS=80 that pytest-xdist sets in its workers) would cut the operator's tables to its width."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 def sample_dirs() -> list[Path]:
     return sorted(p for p in SAMPLES.iterdir() if (p / "workload.json").is_file())
 

@@ -48,7 +48,8 @@ def _wipe_keys():
 
 
 @schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+# derandomize: the same examples every run, so CI passes or fails on the code, not on a draw.
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_api_conforms_to_its_openapi(case):
     # Every default check, "schema-valid data must be accepted" included (a page cursor, a text
     # parameter with blanks or control characters, issue 22) but on POST /v1/analyze: its body
