@@ -86,3 +86,89 @@ def test_slurm_s_gpu_accounting_losing_a_gpu_is_a_gpu_off_the_bus_that_never_dra
 def test_slurm_s_other_nvml_failures_name_no_fault():
     d = diag({"logs/app/slurm.err": "slurmstepd: error: NVML: Failed to get usage(3): Not Supported\n"}, nodes=["node-01"])
     assert d.status == "unattributed"
+
+
+# A CUDA error string or CUresult name in a wrapper no pattern names (extract/app.yaml cuda.error_text,
+# cuda.error_name, nccltests.cuda_failure; early/app.yaml and early/nvidia.yaml read the names too).
+# MFlowCode/MFC#1748: NVHPC's OpenACC runtime wraps its message over two lines.
+NVHPC = """Accelerator Fatal Error: call to cuCtxCreate returned error 214
+  (CUDA_ERROR_ECC_UNCORRECTABLE): uncorrectable ECC error encountered
+mfc: ERROR > syscheck failed with exit code 1.
+"""
+
+
+def test_nvhpc_s_uncorrectable_ecc_at_context_creation_is_the_gpu_s_memory():
+    d = diag({"logs/app/job.log": NVHPC}, nodes=["node-01"])
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "gpu_memory_ecc", ["node-01"])
+
+
+def test_only_the_call_line_without_its_error_names_no_cause():
+    d = diag({"logs/app/job.log": NVHPC.splitlines()[0] + "\n"})
+    assert d.status == "unattributed"
+
+
+def test_tensorflow_s_driver_error_name_with_its_string():
+    # nagadit/DeepFaceLab_Linux#89
+    line = ("F tensorflow/stream_executor/lib/statusor.cc:34] Attempting to fetch value instead of handling error Internal: "
+            "failed initializing StreamExecutor for CUDA device ordinal 0: Internal: failed call to cuDevicePrimaryCtxRetain: "
+            "CUDA_ERROR_ECC_UNCORRECTABLE: uncorrectable ECC error encountered\n")
+    d = diag({"logs/app/train.log": line}, nodes=["node-01"])
+    assert (d.status, d.sub_domain) == ("attributed", "gpu_memory_ecc")
+
+
+def test_a_driver_error_name_alone_reads_as_its_string_and_stays_weak():
+    # numba/numba#3788: a launch failure is the program's (or an echo of a GPU fault), never a drain
+    d = diag({"logs/app/train.log": "2019-02-21 10:15:18,210 - ERROR - Call to cuMemcpyDtoH results in CUDA_ERROR_LAUNCH_FAILED\n"})
+    assert d.status == "unattributed" and d.recovery.action == "notify_owner"
+    assert "early.cuda.illegal_access" in {e.rule_id for e in d.evidence}
+
+
+def test_no_device_is_not_a_gpu_fault():
+    d = diag({"logs/app/train.log": "failed call to cuInit: CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected\n"})
+    assert d.sub_domain not in ("gpu_memory_ecc", "gpu_fell_off_bus", "gpu_hardware_fault", "illegal_memory_access")
+
+
+def test_nccl_tests_cuda_check_names_its_host_and_802_is_the_fabric():
+    # NVIDIA/nccl-tests#264: CUDACHECK prints "<hostname>: Test CUDA failure <file>:<line> '<string>'"
+    log = """# Using devices
+test: Test CUDA failure common.cu:941 'system not yet initialized'
+ .. test pid 54340: Test failure common.cu:891
+"""
+    d = diag({"logs/app/nccl-tests.log": log}, nodes=["test"])
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "nvswitch_fatal", ["test"])
+
+
+def test_tensorflow_s_io_error_status_is_the_file_system():
+    # tensorflow/tensorflow#20090: TSL's IOError is "<context>; <strerror>"
+    log = ("2018-06-12 15:00:27,564 INFO (MainThread-2183) global step 83: loss = 1.2674 (7.400 sec/step)\n"
+           "2018-06-12 15:00:32,553 INFO (Thread-4-2183) Error reported to Coordinator: "
+           "/dbfs/FileStore/tables/TFOS/trainData/checkpoint.tmpb97208e81436466b80430829067e21d8; Input/output error\n")
+    d = diag({"logs/app/executor.log": log}, start_time="2018-06-12T14:00:00Z", end_time="2018-06-12T15:01:00Z")
+    assert (d.status, d.sub_domain) == ("attributed", "storage_io_error")
+
+
+def test_a_semicolon_before_an_errno_word_in_prose_is_not_read():
+    d = diag({"logs/app/train.log": "INFO retrying the upload; Input/output error is retried three times\n"})
+    assert d.sub_domain != "storage_io_error"
+
+
+# NVIDIA/nccl-tests#263: every process of a two-host run asks for a GPU index its host does not have.
+ORDINAL = """# Using devices
+g0010: Test CUDA failure common.cu:941 'invalid device ordinal'
+ .. g0010 pid 888386: Test failure common.cu:891
+g0016: Test CUDA failure common.cu:941 'invalid device ordinal'
+"""
+
+
+def test_an_invalid_device_ordinal_is_the_launch_s_configuration():
+    d = diag({"logs/app/all_reduce_perf.log": ORDINAL}, nodes=["g0010", "g0016"])
+    assert (d.status, d.sub_domain) == ("attributed", "nccl_config_error")
+    assert d.recovery.action == "notify_owner"
+
+
+def test_a_gpu_that_fell_off_the_bus_explains_the_missing_ordinal_on_its_host():
+    xid = ("Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, "
+           "GPU has fallen off the bus.\n")
+    app = "node-02: Test CUDA failure common.cu:941 'invalid device ordinal'\n"
+    d = diag({"logs/syslog/node-02.log": xid, "logs/app/nccl-tests.log": app})
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "gpu_fell_off_bus", ["node-02"])

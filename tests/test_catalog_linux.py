@@ -189,3 +189,22 @@ def test_the_same_task_reported_again_later_still_meets_its_frames(tmp_path):
     p.write_text(GPFS_HUNG.split("[Thu Mar  2 15:59:56 2023] Call Trace:")[0] + later)
     d = analyze_path(p).diagnosis
     assert (d.status, d.sub_domain) == ("attributed", "storage_io_error")
+
+
+# triton-inference-server/server#3738: a soft lockup that reached the user's terminal as a wall message
+# (rsyslog's RSYSLOG_WallFmt: a header naming the host, then " <tag><message>"), pasted bare.
+WALL = """Message from syslogd@goku1 Dec 26 10:26:29 ...
+ kernel:[ 3151.617450] watchdog: BUG: soft lockup - CPU#81 stuck for 23s! [tritonserver:73305]
+"""
+
+
+def test_a_wall_message_s_header_names_the_host_of_its_kernel_line(tmp_path):
+    (tmp_path / "console.txt").write_text(WALL)
+    d = analyze_path(tmp_path / "console.txt").diagnosis
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "host_kernel_error", ["goku1"])
+
+
+def test_without_its_header_the_kernel_line_names_no_host(tmp_path):
+    (tmp_path / "console.txt").write_text(WALL.splitlines()[1] + "\n")
+    d = analyze_path(tmp_path / "console.txt").diagnosis
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "host_kernel_error", [])
