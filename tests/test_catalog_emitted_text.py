@@ -172,3 +172,28 @@ def test_a_gpu_that_fell_off_the_bus_explains_the_missing_ordinal_on_its_host():
     app = "node-02: Test CUDA failure common.cu:941 'invalid device ordinal'\n"
     d = diag({"logs/syslog/node-02.log": xid, "logs/app/nccl-tests.log": app})
     assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "gpu_fell_off_bus", ["node-02"])
+
+
+def test_gpu_burn_s_error_802_is_the_fabric_not_being_up():
+    # wilicc/gpu-burn#92: gpu-burn's checkError prints the CUDA string; the other workers' 304s follow
+    log = """Burning for 60 seconds.
+terminate called after throwing an instance of 'std::runtime_error'
+  what():  Error (gpu_burn-drv.cpp:298): system not yet initialized
+terminate called after throwing an instance of 'std::runtime_error'
+  what():  Error (gpu_burn-drv.cpp:298): OS call failed or operation not supported on this OS
+"""
+    d = diag({"logs/app/gpu_burn.log": log}, nodes=["node-01"])
+    assert (d.status, d.sub_domain) == ("attributed", "nvswitch_fatal")
+
+
+def test_a_subsystem_not_yet_initialized_is_not_cuda_s():
+    d = diag({"logs/app/train.log": "WARNING Logging system not yet initialized, buffering\n"})
+    assert d.sub_domain != "nvswitch_fatal"
+
+
+def test_a_stale_handle_in_any_wrapper_is_the_shared_file_system():
+    # pytorch/pytorch#173679: ranks load a compiled kernel from a cache on a shared file system
+    line = ("[rank9]: torch._inductor.exc.InductorError: ImportError: /root/.triton/cache/XU5DT2AO5BD5AEHEYGLPP5LRDFHHCUEJT4LGDVLB4STXUGVGHFPA/"
+            "cuda_utils.cpython-310-x86_64-linux-gnu.so: cannot read file data: Stale file handle\n")
+    d = diag({"logs/app/train.log": line})
+    assert (d.status, d.sub_domain) == ("attributed", "storage_io_error")

@@ -95,3 +95,25 @@ def test_probe_summary_and_gsp_banner_alone_blame_nothing():
     ), "logs/app/node-01.log": WATCHDOG})
     assert d.status != "attributed"
     assert d.responsible_nodes == []
+
+
+# sirzzang.github.io's 2026-07-29 note: a GSP exception (Xid 120, weak: NVIDIA files its investigation under
+# software), then the driver's Xid 154 asking for a reset of the same GPU (final.lone_recovery_action).
+GSP_120 = "Jul 11 05:51:26 gpu-node-01 kernel: NVRM: Xid (PCI:0000:2a:00): 120, GSP kernel exception: load access page fault (cause:0xd) @ pc:0xffffffff9300188a, partition:4#0\n"
+RESET_154 = "Jul 11 05:51:26 gpu-node-01 kernel: NVRM: Xid (PCI:0000:{pci}:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\n"
+JULY = {"start_time": "2026-07-11T05:00:00Z", "end_time": "2026-07-11T06:00:00Z", "nodes": ["gpu-node-01"]}
+
+
+def _gsp(text):
+    return analyze_files({**BASE_WORKLOAD, **JULY}, {"logs/syslog/gpu-node-01.log": text}).diagnosis
+
+
+def test_the_driver_asking_to_reset_the_gpu_of_a_gsp_exception_drains_the_node():
+    d = _gsp(GSP_120 + RESET_154.format(pci="2a"))
+    assert (d.sub_domain, d.responsible_nodes, d.recovery.action) == ("gpu_hardware_fault", ["gpu-node-01"], "drain_nodes")
+
+
+def test_a_gsp_exception_alone_or_a_reset_asked_for_another_gpu_only_excludes_the_node():
+    for text in (GSP_120, GSP_120 + RESET_154.format(pci="3b")):
+        d = _gsp(text)
+        assert (d.sub_domain, d.recovery.action) == ("gpu_hardware_fault", "retry_excluding_nodes")

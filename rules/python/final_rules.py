@@ -332,29 +332,57 @@ def traceback_frames(ctx: FinalContext) -> None:
         ctx.step("final.traceback_frames", "retag", changed, to=sorted({e.sub_domain for e in changed}))
 
 
+# The messages of sirzzang.github.io's note (2026-07-29), on a node and at a time of the examples' workload.
+_XID120 = "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:2a:00): 120, GSP kernel exception: load access page fault (cause:0xd) @ pc:0xffffffff9300188a, partition:4#0"
+_XID154_RESET = "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:{pci}:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+
+
 @final_rule(
-    id="final.lone_recovery_action", priority=850, title="A lone Xid 154 is a GPU fault",
+    id="final.lone_recovery_action", priority=850, title="Xid 154 asks for a reset: a GPU fault, or the driver's verdict on one",
     description="Xid 154 states the recovery action another Xid needs; when no other Xid on that GPU "
-                "explains it and it asks for a GPU reset or a node reboot, it is itself the evidence of a GPU fault.",
-    examples={"fires": [_scenario({"logs/syslog/node-02.log": "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"})],
-              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79 + "\nNov  2 10:03:12 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"})]},
+                "explains it and it asks for a GPU reset or a node reboot, it is itself the evidence of a GPU fault. "
+                "When it follows a GPU fault the catalog reads as weak on the same GPU (a GSP exception, Xid 120, "
+                "whose investigation NVIDIA files under software), the driver's own verdict that this GPU needs a "
+                "reset makes that fault firm: the node leaves the pool until it is reset. "
+                "Source: NVIDIA Xid catalog (Xid 154, GPU recovery action changed); sirzzang.github.io's "
+                "2026-07-29 kernel-message note (the lines of the second example).",
+    examples={"fires": [_scenario({"logs/syslog/node-02.log": "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"}),
+                        _scenario({"logs/syslog/node-02.log": _XID120 + "\n" + _XID154_RESET.format(pci="2a")})],
+              "quiet": [_scenario({"logs/syslog/node-02.log": _XID79 + "\nNov  2 10:03:12 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"}),
+                        _scenario({"logs/syslog/node-02.log": _XID120 + "\n" + _XID154_RESET.format(pci="3b")})]},
 )
 def lone_recovery_action(ctx: FinalContext) -> None:
     # Another Xid on the same host (a peer GPU's NVLink fault, a fallen GPU) is what the driver
     # reacts to across GPUs that share a fabric: then the 154 is that fault's echo, not a cause.
     others = {e.host for e in ctx.events if e.kind == "xid" and e.fields.get("xid") != 154}
-    promoted = []
+    promoted, confirmed = [], []
     for ev in ctx.events:
         if ev.kind != "xid" or ev.fields.get("xid") != 154 or ev.role != "marker":
             continue
         action = ev.fields.get("recovery_action_code")
-        if ev.host in others or action in (None, 0):
+        if action in (None, 0):
+            continue
+        if ev.host in others:
+            confirmed += [r for r in ctx.events if _asks_reset_of(ev, r) and r not in confirmed]
             continue
         _promote(ev, "gpu", "gpu_hardware_fault", "strong",
                  "GPU {gpu}[[ on {host}]] asks for recovery action {recovery_action} (Xid 154) with no other Xid")
         promoted.append(ev)
+    for root in confirmed:
+        root.strength = "strong"
     if promoted:
         ctx.step("final.lone_recovery_action", "promote", promoted)
+    if confirmed:
+        ctx.step("final.lone_recovery_action", "confirm", confirmed)
+
+
+def _asks_reset_of(marker: Ev, root: Ev) -> bool:
+    """Is ``marker`` (an Xid 154) the driver's verdict on ``root``: a weak GPU-domain Xid root of the same GPU,
+    logged before it (the same second counts; an unstamped line is not placed against it)?"""
+    if not (root.kind == "xid" and root.role == "root" and root.domain == "gpu" and root.strength == "weak"
+            and root.host == marker.host and root.pci is not None and root.pci == marker.pci):
+        return False
+    return root.stamp is not None and marker.stamp is not None and root.stamp <= marker.stamp
 
 
 _ECC94 = "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:9b:00): 94, pid=48211, name=python3, Contained: SM (0x1). RST: No, D-RST: No"
