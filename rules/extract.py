@@ -25,7 +25,7 @@ from .bundle import log_name, source_of
 from .catalog import Catalog, Pattern
 from .model import Ev, EventSet
 from .prefilter import Prefilter, TooManyHits, anchor_index
-from .prefixes import Head, StampContext, read_head
+from .prefixes import Head, StampContext, read_head, read_head_keyed
 from .stamps import iso_z, parse_iso, parse_rfc1123z
 
 MIXED = "mixed"               # a file of unknown kind: any source's patterns apply
@@ -308,10 +308,17 @@ class Extractor:
             stats.truncated += 1
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         damaged = truncated or "\ufffd" in text
-        head = read_head(text, ctx)
-        found = self._match(self._candidates(frozenset(anchor_ids), source), head.message)
+        head, data, zeroed = read_head_keyed(text, ctx)
+        message = head.message
+        if data is not None and data.isascii():
+            # The message is the tail of the line read: its bytes and its key are the line's tail too.
+            cut = len(data) - len(message)
+            data, zeroed = data[cut:], zeroed[cut:]
+        else:
+            data = zeroed = None
+        found = self._match(self._candidates(frozenset(anchor_ids), source), message, data, zeroed)
         if found is not None:
-            pat, m, base = found
+            pat, spans, base = found
             if pat.scope:
                 self._set_scope(path, pat, base)
             if head.stamp is None and head.quality != "order_only" and above is not None:
@@ -323,6 +330,8 @@ class Extractor:
             if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
                 # A report's field (kubectl describe's "Finished:") dates its record above it, not the
                 # lines below: only a log line's stated time bounds what follows it.
+                m = _Spans(message, data if data is not None else message.encode("utf-8", "surrogatepass"),
+                           spans, pat.regex)
                 if _own_stamp(head, m.group_text(pat.stamp_field), ctx) and not pat.dates_above:
                     self._note_stated(path, line_no, head.stamp)
             return self._event(found, head, path, source, file_host, line_no, text, damaged,
@@ -374,16 +383,22 @@ class Extractor:
         if 0 < line_no - at <= LOOKBACK and (gap is None or line_no - at < gap):
             head.stamp, head.quality = stamp, "inherited"
 
-    def _match(self, candidates: _Candidates, message: str) -> _Found | None:
+    def _match(self, candidates: _Candidates, message: str, data: bytes | None = None,
+               zeroed: bytes | None = None) -> _Found | None:
         """The first of the candidates (priority order) whose regex matches ``message``: the pattern,
-        its match and its fields (constants and typed groups).
+        its match (as the groups' spans on the message's UTF-8) and its fields (constants and typed
+        groups). ``data``, ``zeroed``: the message's UTF-8 and that with its digits as "0", when the
+        caller has them.
 
         A message alike but for its digits to one seen before matches alike (digit-blind patterns,
         ``regex.digit_blind``): the outcome (which pattern, the groups' offsets) is remembered under
         the message with its digits as "0", and the groups are read off this message's own text."""
-        data = message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
+        if data is None:
+            data = message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
+            zeroed = None
         outcomes = self._memo.outcomes
-        key = (candidates.cid, data.translate(_ZEROS)) if len(data) <= MEMO_BYTES else None
+        key = (candidates.cid, zeroed if zeroed is not None else data.translate(_ZEROS)) \
+            if len(data) <= MEMO_BYTES else None
         known = outcomes.get(key, _UNSEEN) if key is not None else _UNSEEN
         if known is not _UNSEEN:
             if known is None:
@@ -399,7 +414,8 @@ class Extractor:
             if spans is None:
                 return None
         pat = candidates.patterns[k]
-        return pat, _Spans(message, data, spans, pat.regex), self._memo.plan(pat).fields(message, data, spans)
+        plan = self._memo.plans.get(pat.id) or self._memo.plan(pat)
+        return pat, spans, plan.fields(message, data, spans)
 
     def _event(self, found: _Found, head: Head, path: str, source: str, file_host: str | None,
                line_no: int, text: str, damaged: bool, into: EventSet | None = None) -> Ev:
@@ -568,7 +584,7 @@ class _Spans:
         return self.regex.match_of(self.text, self.data, self.spans).groupdict().get(name)
 
 
-_Found = tuple[Pattern, _Spans, dict[str, Any]]
+_Found = tuple[Pattern, list[tuple[int, int]], dict[str, Any]]
 _UNSEEN = object()
 LINE_ADDS = frozenset({"damaged_line", "uptime_s", "pid_prefix", "cuda_dev", "host_basis"})    # see _line_fields
 _ZEROS = bytes.maketrans(b"0123456789", b"0000000000")

@@ -299,29 +299,43 @@ def plain(line: str) -> str:
 
 def read_head(line: str, ctx: StampContext) -> Head:
     """Peel prefixes off ``line``; at most a dozen rounds, each anchored at the start."""
+    return read_head_keyed(line, ctx)[0]
+
+
+def read_head_keyed(line: str, ctx: StampContext) -> tuple[Head, bytes | None, bytes | None]:
+    """``read_head``, and the UTF-8 of the line it read (without its colours) and that with its digits
+    as "0": the message is their tail, so the extractor's match memo (rules/extract.py) keys it without
+    encoding it again. Both None for a line too long to key."""
     if "\x1b" in line or "[0m" in line or "\ufffd[" in line or line[:1] == "\ufeff":      # plain()'s tests, inline: most lines pass all
         line = plain(line)
-    key = _pointer_blind(line.encode("utf-8", "surrogatepass").translate(_ZEROS)) if len(line) <= _CHAIN_LINE else None
-    chain = _CHAINS.get(key) if key is not None else None
-    if chain is not None:
-        head = _replay(line, chain, ctx)
-        if head is not None:
-            return head
+    if len(line) <= _CHAIN_LINE:
+        data = line.encode("utf-8", "surrogatepass")
+        zeroed = data.translate(_ZEROS)
+        key = _pointer_blind(zeroed)
+        chain = _CHAINS.get(key)
+        if chain is not None:
+            head = _replay(line, chain, ctx)
+            if head is not None:
+                return head, data, zeroed
+    else:
+        data = zeroed = key = None
     head, chain = _read(line, ctx)
     if chain is not None and key is not None:
         if len(_CHAINS) >= _CHAINS_MAX:
             _CHAINS.clear()
         _CHAINS[key] = chain
-    return head
+    return head, data, zeroed
 
 
 def _read(line: str, ctx: StampContext) -> tuple[Head, tuple | None]:
-    """read_head's search, shape by shape, and the chain of shapes that won (None: not replayable)."""
+    """read_head's search, shape by shape, and the chain of shapes that won (None: not replayable):
+    ((regex, applier, where its prefix starts, where it ends), ...), then where the message starts."""
     head = Head(message=line)
     text = line
     bar = "%|" in line                  # a progress bar may sit before the log line (tried first then)
     first = True
     chain: list | None = []
+    n = len(line)
     for _ in range(12):
         stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
         rnd = _round(stripped, bar, first)
@@ -331,24 +345,30 @@ def _read(line: str, ctx: StampContext) -> tuple[Head, tuple | None]:
         if m is None:
             break
         if chain is not None:
-            chain.append((rnd.regexes[k], rnd.appliers[k]))
+            start = n - len(stripped)
+            chain.append((rnd.regexes[k], rnd.appliers[k], start, start + m.end()))
         text = stripped[m.end():]
         first = False
     head.message = text.lstrip(" ") if text is not line else text
-    return head, None if chain is None else tuple(chain)
+    if chain is None:
+        return head, None
+    chain.append(n - len(head.message))
+    return head, tuple(chain)
 
 
 def _replay(line: str, chain: tuple, ctx: StampContext) -> Head | None:
-    """``_read`` along a known chain; None when a shape declines here (read it in full then)."""
+    """``_read`` along a known chain; None when a shape declines here (read it in full then).
+
+    The chain was learnt on a line alike but for its digits (and pointers' hex letters), which every
+    shape reads alike: each prefix starts and ends where it did there, so each shape is matched at its
+    own offset without cutting the line, and a shape that ends elsewhere is read in full."""
     head = Head(message=line)
-    text = line
-    for regex, applier in chain:
-        stripped = text.lstrip(" ") if text[:1] == " " and head.rank is not None else text
-        m = regex.match(stripped)
-        if m is None or not applier(m, head, ctx):
+    for regex, applier, start, end in chain[:-1]:
+        m = regex.match(line, start)
+        if m is None or m.end() != end or not applier(m, head, ctx):
             return None
-        text = stripped[m.end():]
-    head.message = text.lstrip(" ") if text is not line else text
+    if len(chain) > 1:
+        head.message = line[chain[-1]:]
     return head
 
 
