@@ -173,6 +173,9 @@ LABELS_IN_DISPUTE = {
     "ho11-dist-unattr-ibv-modify-qp-timeout-weight-broadcast-vllm-openrlhf-335": "ibv_modify_qp failing: "
         "ib_link_error (weak) in ho2-ib-roce-modify-qp-nodev-nccl-799 and ho3-ib-modify-qp-net-unreachable-2node-"
         "nccltests-185, unattributed here",
+    "ho13-sched-trixie-step-cancelled-stepd-terminated-not-ending-cn106": "slurmstepd's plain 'CANCELLED AT' banner: "
+        "printed for a SIGTERM/SIGKILL with no DUE TO reason (src/slurmd/slurmstepd/req.c), user_cancelled in "
+        "app-cancel-* and early.slurm.plain_cancel, unattributed here",
 }
 
 
