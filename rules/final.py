@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -73,6 +74,8 @@ class FinalContext:
     fault_of: dict[int, Ev] = field(default_factory=dict)      # id(report) -> the report it was folded into
     _workload_timeout: float | None = None
     _children: tuple[int, dict[int, list[Ev]]] | None = None    # (edges seen, id(source) -> targets)
+    _tol: tuple[tuple, timedelta] | None = None                 # (what it was worked out from, the tolerance)
+    _shift: dict[tuple[str, float], timedelta] = field(default_factory=dict)    # (host, offset) -> timedelta
 
     def children(self) -> dict[int, list[Ev]]:
         """id(source) -> the events it explains. Edges are only ever appended: the map is extended
@@ -111,8 +114,12 @@ class FinalContext:
         self.steps.append(Step(rule_id, action, list(events or []), detail))
 
     def tol(self) -> timedelta:
-        bound = self.clock_bound_s if self.clock_bound_s is not None else 0.0
-        return timedelta(seconds=max(float(self.settings["clock_tolerance_s"]), bound))
+        # Asked for every pair the explains rules try: worked out again only when what it reads changed.
+        key = (self.clock_bound_s, self.settings["clock_tolerance_s"])
+        if self._tol is None or self._tol[0] != key:
+            bound = self.clock_bound_s if self.clock_bound_s is not None else 0.0
+            self._tol = (key, timedelta(seconds=max(float(self.settings["clock_tolerance_s"]), bound)))
+        return self._tol[1]
 
     def when(self, ev: Ev) -> datetime | None:
         """Corrected onset (what the line reports began), else corrected stamp."""
@@ -122,7 +129,14 @@ class FinalContext:
         """Corrected time the line was written."""
         if ev.stamp is None:
             return None
-        return ev.stamp - timedelta(seconds=self.offsets.get(ev.host or "", 0.0))
+        host = ev.host or ""
+        offset = self.offsets.get(host, 0.0)
+        shift = self._shift.get((host, offset))
+        if shift is None:
+            if len(self._shift) >= 4096:
+                self._shift.clear()
+            shift = self._shift[(host, offset)] = timedelta(seconds=offset)
+        return ev.stamp - shift
 
     def timeout_ms(self, ev: Ev) -> float:
         """The event's stated timeout, else the longest one the workload's lines state, else the default.
@@ -208,7 +222,7 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
                 hang_onset = t_seen - timedelta(milliseconds=ctx.timeout_ms(tgt))
             except OverflowError:           # a stamp near year 1: no hang before it to place
                 return False
-        slack = timedelta(seconds=float(ctx.settings["hang_slack_s"])) + tol
+        slack = _seconds(float(ctx.settings["hang_slack_s"])) + tol
         return abs(s_on - hang_onset) <= slack
     if s_on is None or t_on is None:
         # Untimed events join on place; a window is checked on the file's own clock (dmesg uptime)
@@ -224,15 +238,21 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         return bool(order) if rule.before_s == 0 else order is not None
     if join == "after_onset" and s_on == t_on and in_file_order(src, tgt) is not None:
         return bool(in_file_order(src, tgt))      # the same second in one file: line order decides
-    before = timedelta(seconds=rule.before_s)
+    before = _seconds(rule.before_s)
     if tgt.quality == "inherited":
         # An inherited stamp is only a lower bound (the last stamped line above it).
-        before += timedelta(seconds=float(ctx.settings["inherited_slack_s"]))
+        before += _seconds(float(ctx.settings["inherited_slack_s"]))
     if t_on < s_on - tol - before:
         return False
-    if rule.window_s is not None and t_on - s_on > timedelta(seconds=float(rule.window_s)) + tol:
+    if rule.window_s is not None and t_on - s_on > _seconds(float(rule.window_s)) + tol:
         return False
     return True
+
+
+@lru_cache(maxsize=256)
+def _seconds(value: float) -> timedelta:
+    """timedelta(seconds=value) for the few settings and rule windows a join reads, made once each."""
+    return timedelta(seconds=value)
 
 
 def _distinct_cause(src: Ev, tgt: Ev) -> bool:
