@@ -1,9 +1,10 @@
 """Lines from emitters the catalog did not read before the ho13 round, through the real engine:
 XLA's NCCL stub and coordination service (JAX, TensorFlow), PyTorch's "NCCL error in: ..., invalid
-argument", cuDNN's execution failure as PyTorch and TransformerEngine raise it, and conda's shell
-error in a batch job's output. Patterns: rules/catalog/extract/runtime.yaml (xla.nccl_library_unloadable,
-xla.init_barrier_timeout), extract/app.yaml (nccl.error_invalid_argument, cuda.cudnn_execution_failed);
-EARLY: early/app.yaml (early.python.conda_shell_not_initialized)."""
+argument", cuDNN's execution failure as PyTorch and TransformerEngine raise it, conda's shell error
+in a batch job's output, and mount.nfs failing to reach its server. Patterns:
+rules/catalog/extract/runtime.yaml (xla.nccl_library_unloadable, xla.init_barrier_timeout,
+storage.nfs_mount_unreachable), extract/app.yaml (nccl.error_invalid_argument,
+cuda.cudnn_execution_failed); EARLY: early/app.yaml (early.python.conda_shell_not_initialized)."""
 from pathlib import Path
 
 from firstfault.rules.engine import analyze_files, analyze_path
@@ -115,3 +116,23 @@ def test_a_missing_module_after_conda_s_error_is_still_the_program_s_failure():
     d = diag({"logs/app/job.err": "CommandNotFoundError: Your shell has not been properly configured to use 'conda activate'.\n"
                                   "ModuleNotFoundError: No module named 'torch'\n"})
     assert (d.status, d.sub_domain) == ("attributed", "user_code_exception")
+
+
+# kubeflow/testing#346: the kubelet's MountVolume.SetUp failure for an NFS volume (kubectl describe's
+# events), then the FailedMount event; extract/runtime.yaml storage.nfs_mount_unreachable.
+NFS = """Mount failed: mount failed: exit status 32
+Mounting command: chroot
+Mounting arguments: [/home/kubernetes/containerized_mounter/rootfs mount -t nfs 10.49.145.162:/kubeflow /var/lib/kubelet/pods/5264288b-5328-11e9-ad34-42010af001d5/volumes/kubernetes.io~nfs/gcfs]
+Output: mount.nfs: Connection timed out
+"""
+
+
+def test_an_nfs_server_that_does_not_answer_a_mount_is_the_shared_storage():
+    d = diag({"logs/app/describe_events.txt": NFS})
+    assert (d.status, d.domain, d.sub_domain) == ("attributed", "storage", "storage_io_error")
+
+
+def test_an_nfs_export_that_refuses_the_client_is_not_read_as_a_storage_fault():
+    # a public NFS CSI report: the export's configuration, not the server failing
+    d = diag({"logs/app/describe_events.txt": "Output: mount.nfs: access denied by server while mounting 192.168.56.11:/srv/nfs\n"})
+    assert d.sub_domain != "storage_io_error"
