@@ -311,7 +311,7 @@ def read_head_keyed(line: str, ctx: StampContext) -> tuple[Head, bytes | None, b
     if len(line) <= _CHAIN_LINE:
         data = line.encode("utf-8", "surrogatepass")
         zeroed = data.translate(_ZEROS)
-        key = _pointer_blind(zeroed)
+        key = _pointer_blind(zeroed) if b"0x" in zeroed else zeroed      # most lines hold no pointer
         chain = _CHAINS.get(key)
         if chain is not None:
             head = _replay(line, chain, ctx)
