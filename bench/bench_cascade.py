@@ -12,7 +12,8 @@ host's syslog (bench/gen_bundle.py's job) or a ConnectX port going down. Those
 
 Each case's bundle is generated into bench/out/ (reused when present), then
 ``firstfault analyze --json`` runs in a child pinned to one core (taskset) and the
-diagnosis must name the initiating fault. Printed per case: matched and total lines,
+diagnosis must name the initiating fault; as in bench_startup.py, the children write bytecode
+as a user's interpreter does (PYTHONDONTWRITEBYTECODE cleared, one warm-up run first). Printed per case: matched and total lines,
 wall and CPU s, matched lines/s, us per matched line, peak RSS, the per-stage split of
 an in-process run in CPU seconds (read, prefix, match, event, merge, FINAL: see
 ``stage_split``) and ``grep -E -c`` with the catalog's literal anchors over the same
@@ -245,11 +246,29 @@ def run_child(cmd: list[str], env: dict | None = None) -> tuple[float, Any, byte
         return wall, usage, out.read(), proc.returncode
 
 
+# As bench_startup.py runs it: bytecode written as a user's interpreter writes it (a shell that sets
+# PYTHONDONTWRITEBYTECODE compiles every module of firstfault from source at each start, ~70 ms a run).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+_warmed = False
+
+
+def _warm_up() -> None:
+    """One unmeasured analyze of a one-line file first, so the measured runs find the bytecode written."""
+    global _warmed
+    if not _warmed:
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "warm-up.log"
+            log.write_text("2024-05-01T10:00:00 rank 0: step 1 loss 2.31\n")
+            run_child([sys.executable, "-m", "firstfault", "analyze", str(log), "--json"], env=CHILD_ENV)
+        _warmed = True
+
+
 def analyze_child(bundle: Path, pin: bool = True) -> dict:
     """``pin``: on one core (analyze then reads in one process); else on every core this bench may use
     (analyze's default --jobs: the files read in that many processes, rules/fanout.py)."""
+    _warm_up()
     wall, usage, out, rc = run_child((_pin() if pin else []) + [sys.executable, "-m", "firstfault", "analyze",
-                                                                str(bundle), "--json"])
+                                                                str(bundle), "--json"], env=CHILD_ENV)
     if rc != 0:
         raise SystemExit(f"firstfault analyze {bundle} exited {rc}")
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024,
@@ -324,8 +343,8 @@ def stage_split(bundle: Path) -> dict:
     """One in-process analyze with the stage functions wrapped; CPU seconds per stage, overhead taken off.
 
     read: intake, file reads, the prefilter, the walk over candidate lines, the inventory;
-    prefix: rules.prefixes.read_head (the line's own prefixes and those of lines a stamp is
-    inherited from); match: Extractor._match (Pattern.search before it); event: Extractor._event;
+    prefix: rules.prefixes.read_head_keyed and read_head (the line's own prefixes and those of lines a
+    stamp is inherited from); match: Extractor._match (Pattern.search before it); event: Extractor._event;
     merge: EventSet.add and EventSet.fold;
     final: diagnose() (EARLY and FINAL rules, the diagnosis object)."""
     from firstfault.rules import catalog, engine, extract, model
@@ -335,6 +354,8 @@ def stage_split(bundle: Path) -> dict:
     match = (extract.Extractor, "_match") if hasattr(extract.Extractor, "_match") else (catalog.Pattern, "search")
     patches = [(extract, "read_head", "prefix"), (*match, "match"), (extract.Extractor, "_event", "event"),
                (model.EventSet, "add", "merge"), (engine, "diagnose", "final")]
+    if hasattr(extract, "read_head_keyed"):     # read_line's own prefixes (read_head: the lines above it)
+        patches.append((extract, "read_head_keyed", "prefix"))
     if hasattr(model.EventSet, "fold"):         # a repeat counted into its event, from inside _event
         patches.append((model.EventSet, "fold", "merge"))
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
