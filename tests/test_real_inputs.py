@@ -176,6 +176,8 @@ LABELS_IN_DISPUTE = {
     "ho13-sched-trixie-step-cancelled-stepd-terminated-not-ending-cn106": "slurmstepd's plain 'CANCELLED AT' banner: "
         "printed for a SIGTERM/SIGKILL with no DUE TO reason (src/slurmd/slurmstepd/req.c), user_cancelled in "
         "app-cancel-* and early.slurm.plain_cancel, unattributed here",
+    "ho14-net-socket-connect-refused-jz-r11i6n2": "NCCL's bootstrap 'Connect to <ip> failed : Connection refused': "
+        "rendezvous_error in mix2-nccl-bootstrap-connect-refused-unknown-ip-espnet-1940, unattributed here",
 }
 
 
