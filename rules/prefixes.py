@@ -52,6 +52,10 @@ _FM = re.compile(
     r"\[(?P<level>[A-Z]+)\] (?:\[tid \d+\] )?")
 _SRUN_LABEL = re.compile(r"\s{0,8}(?P<rank>\d{1,7}): ")
 _TORCHRUN = re.compile(r"\[default(?P<local>\d{1,5})\]:")
+# TorchX's log tee ("{role_name}/{replica_id} {line}", torchx/util/log_tee_helpers.py; NeMo-Run
+# launches through it) in front of torchrun's rank tag: "i.pretrain/0 [default2]:[rank2]: ...". Read
+# only when torchrun's tag follows: "1/8 workers are evicted" is a message.
+_TORCHX = re.compile(r"(?P<role>[\w.-]{1,64})/(?P<replica>\d{1,4}) (?=\[default\d{1,5}\]:)")
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,7})\]:")
 # glog as PyTorch C++ prints it: "[E1102 10:13:12.044871 ProcessGroupNCCL.cpp:632] ",
 # with a thread id in some builds, and the old "[E ProcessGroupNCCL.cpp:737] ".
@@ -149,8 +153,8 @@ def _yearless(ctx: StampContext, second: tuple[str, str, str, str, str], micro: 
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank", "kubectl")
-_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "grep_file", "pdsh")
-_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "grep_file", "pdsh")
+_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh")
 _ALPHA_CTIME = ("mpi_tag",) + _ALPHA
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
@@ -158,12 +162,12 @@ _REGEX = {
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
     "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK, "markdown": _MARKDOWN, "compose": _COMPOSE,
-    "grep_file": _GREP_FILE, "tqdm": _TQDM, "pdsh": _PDSH, "kubectl": _KUBECTL,
+    "grep_file": _GREP_FILE, "tqdm": _TQDM, "pdsh": _PDSH, "kubectl": _KUBECTL, "torchx": _TORCHX,
 }
 
 
 _WEEKDAYS = frozenset(("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"))
-_FIRST_ONLY = ("grep_file", "pdsh")            # only as the first thing on the line
+_FIRST_ONLY = ("grep_file", "pdsh", "torchx")  # only as the first thing on the line
 _NAMED = re.compile(r"\(\?P<\w+>")
 
 
@@ -529,6 +533,6 @@ _APPLY = {
     "srun": _srun, "torchrun": _torchrun, "rank": _rank, "rfc3164": _rfc3164, "iso_host": _iso_host,
     "iso_bracket": _iso, "iso_bare": _iso, "dmesg_ctime": _dmesg_ctime, "dmesg_uptime": _dmesg_uptime,
     "dmesg_delta": _dmesg_delta, "fm": _fm, "glog_bracket": _glog, "glog_bare": _glog, "vllm": _glog,
-    "markdown": _decoration, "tqdm": _decoration, "grep_file": _grep_file, "pdsh": _pdsh, "compose": _compose, "kubectl": _kubectl,
+    "markdown": _decoration, "tqdm": _decoration, "torchx": _decoration, "grep_file": _grep_file, "pdsh": _pdsh, "compose": _compose, "kubectl": _kubectl,
     "mpi_tag": _mpi_tag, "host_rank": _host_rank, "kmsg_host": _kmsg_host, "proc_tag": _proc_tag, "nccl": _nccl,
 }

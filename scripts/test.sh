@@ -31,7 +31,7 @@ fi
 .venv/bin/firstfault rules lint
 .venv/bin/firstfault rules test
 # Accuracy on real incidents (corpus/real), the samples and generated bundles, with floors. The
-# confident-wrong ceiling is 1.5 %: at 495 cases it holds the seven answers that are label disputes
+# confident-wrong ceiling is 1.5 %: at 518 cases it holds the seven answers that are label disputes
 # (corpus/README.md, tests/test_real_inputs.py LABELS_IN_DISPUTE) and fails at the eighth.
 .venv/bin/python bench/accuracy.py --min-accuracy 0.94 --max-confident-wrong 0.015 --min-recovery 0.95
 # ... and the same cases each wrapped in a minimal bundle (workload.json naming one node, logs under logs/app/)

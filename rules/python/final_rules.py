@@ -438,17 +438,25 @@ def completed(ctx: FinalContext) -> None:
 
 
 _DONE = "`Trainer.fit` stopped: `max_steps=400000` reached."
+# torchelastic's agent restarting the worker group (torch/distributed/elastic/agent/server/api.py)
+_RESTART = "[default] Worker group FAILED. 2/3 attempts left; will restart worker group"
 
 
 @final_rule(
     id="final.completed_in_lines", priority=505, title="A run whose own lines say it finished has no failure",
     description="Without a scheduler state (a bare log), the trainer's end-of-run line (Lightning, Hugging Face "
                 "Trainer, W&B's success) is the evidence the run completed, when no cause comes before it in its "
-                "file; errors after it are teardown. Source: uzh-rpg/RVT#40, PrimeIntellect-ai/prime-rl#417.",
+                "file; errors after it are teardown. A cause the launcher restarted the workers after (torchelastic's "
+                "'will restart worker group', before the end line in the same file) was recovered from. Source: "
+                "uzh-rpg/RVT#40, PrimeIntellect-ai/prime-rl#417, NVIDIA/NeMo's resiliency demo.",
     examples={"fires": [_scenario({"logs/app/node-01.log": "wandb: Network error (TransientError), entering retry loop.\n" + _DONE},
+                                  state="UNKNOWN"),
+                        _scenario({"logs/app/node-01.log": "Exception: Simulating a crash at step 17!\n" + _RESTART + "\n" + _DONE},
                                   state="UNKNOWN")],
               "quiet": [_scenario({"logs/app/node-01.log": _DONE}),
                         _scenario({"logs/app/node-01.log": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n" + _DONE},
+                                  state="UNKNOWN"),
+                        _scenario({"logs/app/node-01.log": _RESTART + "\nException: Simulating a crash at step 17!\n" + _DONE},
                                   state="UNKNOWN")]},
 )
 def completed_in_lines(ctx: FinalContext) -> None:
@@ -458,7 +466,11 @@ def completed_in_lines(ctx: FinalContext) -> None:
     if not done:
         return
     last = max(done, key=lambda e: (e.path, e.line))
-    firm = [r for r in ctx.independent_roots if r.strength != "echo"]
+    # The launcher restarted the workers between a cause and the end: that cause was recovered from.
+    restarts = [e.line for e in ctx.events if e.kind == "launch_restart" and e.path == last.path and e.line < last.line]
+    recovered = max(restarts) if restarts else 0
+    firm = [r for r in ctx.independent_roots if r.strength != "echo"
+            and not (r.path == last.path and r.line < recovered)]
     # A cause before the end of the run, or one that cannot be placed against it, is a failure; after
     # it, the scheduler ending the job (a hang at exit until the time limit) or a firm fault that is
     # not an exit-time exception (a CUDA OOM in the test loop after fit) is one too.
