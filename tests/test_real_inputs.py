@@ -158,6 +158,10 @@ PLACEHOLDER = re.compile(r"(?<![\w?])\?(?![\w?])")      # a lone "?", as render(
 
 # Cases whose cause is right but whose recovery is not, and why (the engine's gap, not the label's).
 RECOVERY_GAPS = {
+    "ho16-hw-nvml-driver-lib-mismatch-azhop-h9svu000000": "the host is only in the shell prompt above the error "
+        "([user@h9svu000000 ~]$ nvidia-smi): a prompt does not scope the output below it, so no node is drained",
+    "ho16-net-ibv-modify-qp-etimedout-hgx-crossnic": "the poster redacted NCCL's pid and dropped its tid "
+        "(host-01.example.com:XXXXXX [5]): the prefix is not NCCL's, so its host is not read and no node is excluded",
     "ho11-node-softlockup-tritonserver-container-stop-i40e-goku1-triton-3738": "a soft lockup is indirect "
         "evidence of the host (a driver or a load can cause it): the node is excluded from the rerun, not drained",
     "hw-nodedied-raytrainworker-43751": "the dead node's IP is on the RayActorError line above 'its node has "
