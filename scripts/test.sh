@@ -31,7 +31,7 @@ fi
 .venv/bin/firstfault rules lint
 .venv/bin/firstfault rules test
 # Accuracy on real incidents (corpus/real), the samples and generated bundles, with floors. The
-# confident-wrong ceiling is 2 %: at 536 cases the eight confident-wrong answers are all label disputes
+# confident-wrong ceiling is 2 %: at 544 cases the eight confident-wrong answers are all label disputes
 # (blind rounds whose label of a line disagrees with an earlier round's or the contract's reading;
 # corpus/README.md, tests/test_real_inputs.py LABELS_IN_DISPUTE), and it fails at the eleventh.
 .venv/bin/python bench/accuracy.py --min-accuracy 0.94 --max-confident-wrong 0.02 --min-recovery 0.95
