@@ -414,8 +414,7 @@ class Extractor:
             if spans is None:
                 return None
         pat = candidates.patterns[k]
-        plan = self._memo.plans.get(pat.id) or self._memo.plan(pat)
-        return pat, spans, plan.fields(message, data, spans)
+        return pat, spans, self._memo.plan(pat).fields(message, data, spans)
 
     def _event(self, found: _Found, head: Head, path: str, source: str, file_host: str | None,
                line_no: int, text: str, damaged: bool, into: EventSet | None = None) -> Ev:

@@ -467,8 +467,8 @@ def completed_in_lines(ctx: FinalContext) -> None:
         return
     last = max(done, key=lambda e: (e.path, e.line))
     # The launcher restarted the workers between a cause and the end: that cause was recovered from.
-    restarts = [e.line for e in ctx.events if e.kind == "launch_restart" and e.path == last.path and e.line < last.line]
-    recovered = max(restarts) if restarts else 0
+    recovered = max((e.line for e in ctx.events if e.kind == "launch_restart" and e.path == last.path
+                     and e.line < last.line), default=0)
     firm = [r for r in ctx.independent_roots if r.strength != "echo"
             and not (r.path == last.path and r.line < recovered)]
     # A cause before the end of the run, or one that cannot be placed against it, is a failure; after
