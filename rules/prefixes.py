@@ -15,13 +15,18 @@ from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from zoneinfo import ZoneInfo
 
-from .stamps import MONTHS, from_uptime, micro_of, parse_iso, with_year
+from .stamps import LOCAL_MONTHS, MONTHS, from_uptime, micro_of, parse_iso, with_year
 
 _MON = r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 
 # RFC 3164: "Nov  2 10:03:11 node-02 kernel: " (host may be missing: "Aug 19 11:38:39  NVRM: ...")
 _RFC3164 = re.compile(
     _MON + r" (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
+    r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d{1,10})\])?: )?")
+# The same with the month in the writer's locale (journalctl's %b): "kwi 15 07:56:59 testowy kernel: ";
+# the applier reads the word through stamps.LOCAL_MONTHS and declines any other.
+_RFC3164_LOCAL = re.compile(
+    r"(?P<mon>[^\W\d_]{3,6}\.?) (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
     r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d{1,10})\])?: )?")
 # journal / RFC 5424-ish: "2026-11-02T10:03:11.123456+00:00 node-02 kernel: "
 _ISO_HOST = re.compile(
@@ -154,10 +159,12 @@ def _yearless(ctx: StampContext, second: tuple[str, str, str, str, str], micro: 
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank", "kubectl")
 _DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh")
-_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh")
+_ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh",
+          "rfc3164_local")
 _ALPHA_CTIME = ("mpi_tag",) + _ALPHA
 _REGEX = {
     "srun": _SRUN_LABEL, "torchrun": _TORCHRUN, "rank": _RANK_TAG, "rfc3164": _RFC3164, "iso_host": _ISO_HOST,
+    "rfc3164_local": _RFC3164_LOCAL,
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
@@ -393,16 +400,27 @@ def _rank(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     return True
 
 
-def _rfc3164(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+def _rfc3164(m: re.Match[str], head: Head, ctx: StampContext, months: Callable[[str], int] = MONTHS.__getitem__) -> bool:
     mon, day, hh, mi, ss, frac, host, prog, pid = m.group("mon", "day", "hh", "mm", "ss", "frac", "host", "prog", "pid")
     if head.stamp is None:
-        head.stamp = _yearless(ctx, (mon, day, hh, mi, ss), micro_of(frac), MONTHS.__getitem__)
+        head.stamp = _yearless(ctx, (mon, day, hh, mi, ss), micro_of(frac), months)
         head.quality = "no_year"
     if pid and head.pid is None:
         head.pid = int(pid)
     if host and prog and head.host is None and not host.endswith(":"):
         head.host = host
     return True
+
+
+def _rfc3164_local(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    """rfc3164 with a month word of stamps.LOCAL_MONTHS; any other word is not a stamp."""
+    if m["mon"].lower() not in LOCAL_MONTHS:
+        return False
+    return _rfc3164(m, head, ctx, _local_month)
+
+
+def _local_month(mon: str) -> int:
+    return LOCAL_MONTHS[mon.lower()]
 
 
 def _iso(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
@@ -531,6 +549,7 @@ def _nccl(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
 # (the next shape is tried).
 _APPLY = {
     "srun": _srun, "torchrun": _torchrun, "rank": _rank, "rfc3164": _rfc3164, "iso_host": _iso_host,
+    "rfc3164_local": _rfc3164_local,
     "iso_bracket": _iso, "iso_bare": _iso, "dmesg_ctime": _dmesg_ctime, "dmesg_uptime": _dmesg_uptime,
     "dmesg_delta": _dmesg_delta, "fm": _fm, "glog_bracket": _glog, "glog_bare": _glog, "vllm": _glog,
     "markdown": _decoration, "tqdm": _decoration, "torchx": _decoration, "grep_file": _grep_file, "pdsh": _pdsh, "compose": _compose, "kubectl": _kubectl,

@@ -20,6 +20,52 @@ _MAX_UPTIME_S = 100 * 366 * 86400.0
 MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
 
+# journalctl (and any tool that formats with strftime's %b under the user's locale) writes the month
+# in LC_TIME's own abbreviation: "kwi 15 07:56:59 testowy kernel: ..." on a Polish machine. These are
+# glibc's `abmon` (localedata/locales/<locale>, bminor/glibc), January first; rsyslog and syslog-ng
+# write English months whatever the locale. Left out: ca_ES ("de gen.", two words) and et_EE (padded
+# with spaces); hr_HR's "lip" and "srp" (June and July there, July in pl_PL and August in cs_CZ) are
+# read as neither, and "lis" as November (cs_CZ, pl_PL; October in hr_HR).
+_ABMON = {
+    "de_DE": "Jan Feb Mär Apr Mai Jun Jul Aug Sep Okt Nov Dez",
+    "fr_FR": "janv. févr. mars avril mai juin juil. août sept. oct. nov. déc.",
+    "es_ES": "ene feb mar abr may jun jul ago sep oct nov dic",
+    "it_IT": "gen feb mar apr mag giu lug ago set ott nov dic",
+    "pt_BR": "jan fev mar abr mai jun jul ago set out nov dez",
+    "nl_NL": "jan feb mrt apr mei jun jul aug sep okt nov dec",
+    "sv_SE": "jan feb mar apr maj jun jul aug sep okt nov dec",
+    "nb_NO": "jan. feb. mars april mai juni juli aug. sep. okt. nov. des.",
+    "fi_FI": "tammi helmi maalis huhti touko kesä heinä elo syys loka marras joulu",
+    "cs_CZ": "led úno bře dub kvě čen čec srp zář říj lis pro",
+    "sk_SK": "jan feb mar apr máj jún júl aug sep okt nov dec",
+    "pl_PL": "sty lut mar kwi maj cze lip sie wrz paź lis gru",
+    "hu_HU": "jan febr márc ápr máj jún júl aug szept okt nov dec",
+    "ro_RO": "ian feb mar apr mai iun iul aug sep oct nov dec",
+    "tr_TR": "Oca Şub Mar Nis May Haz Tem Ağu Eyl Eki Kas Ara",
+    "ru_RU": "янв фев мар апр мая июн июл авг сен окт ноя дек",
+    "uk_UA": "січ лют бер кві тра чер лип сер вер жов лис гру",
+    "hr_HR": "sij velj ožu tra svi lip srp kol ruj lis stu pro",
+    "sl_SI": "jan feb mar apr maj jun jul avg sep okt nov dec",
+    "lt_LT": "saus. vas. kov. bal. geg. birž. liep. rugp. rugs. spal. lapkr. gruod.",
+    "lv_LV": "jan feb mar apr mai jūn jūl aug sep okt nov dec",
+}
+_AMBIGUOUS = {"lip", "srp"}
+
+
+def _local_months() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for locale, names in sorted(_ABMON.items()):
+        for month, name in enumerate(names.split(), start=1):
+            key = name.lower()
+            if key in _AMBIGUOUS or (locale == "hr_HR" and key == "lis"):
+                continue
+            out.setdefault(key, month)
+    return out
+
+
+# lower-cased abbreviation -> month (English's too, lower-cased: journalctl's "jan" under sv_SE)
+LOCAL_MONTHS = {**_local_months(), **{m.lower(): i for m, i in MONTHS.items()}}
+
 
 @lru_cache(maxsize=4096)
 def _year_for(month: int, day: int, zone: tzinfo, anchor: datetime) -> int | None:

@@ -1,0 +1,143 @@
+"""What the ho18-ho20 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
+that ranks disagree on a collective, ENOSPC in Rust's io::Error words (safetensors), the memory limits
+of HTCondor and Moab, amdgpu's ring timeout (an AMD GPU hang), and syslog stamps whose month is in
+the writer's locale (journalctl's %b).
+Patterns: rules/catalog/extract/runtime.yaml (horovod.mismatched_request, tf.collective_shape_mismatch,
+storage.rust_io_error, pbs.moab_resource_limit, condor.memory_limit_hold), extract/linux.yaml
+(linux.amdgpu.ring_timeout); EARLY: early/runtime.yaml (early.condor.memory_hold, early.pbs.memory),
+early/linux.yaml (early.linux.amdgpu_ring_timeout); prefixes: rules/prefixes.py (rfc3164_local) with
+rules/stamps.py (LOCAL_MONTHS, glibc's abmon)."""
+from datetime import datetime, timezone
+
+from firstfault.rules.engine import analyze_files
+from firstfault.rules.prefixes import StampContext, read_head
+
+from conftest import BASE_WORKLOAD
+
+
+def diag(files, **wl):
+    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
+
+
+# horovod/horovod#398: one node's TensorFlow had no GPU support
+HOROVOD = ("[1,3]<stderr>:FailedPreconditionError (see above for traceback): Mismatched ALLREDUCE CPU/GPU device "
+           "selection: One rank specified device GPU, but another rank specified device CPU.\n")
+
+
+def test_horovod_s_mismatch_check_is_a_collective_mismatch():
+    d = diag({"logs/app/mpirun.log": HOROVOD})
+    assert (d.status, d.sub_domain) == ("attributed", "collective_mismatch")
+    assert d.recovery.action == "notify_owner"
+
+
+# tensorflow/tensorflow#56885: MultiWorkerMirroredStrategy
+TF_SHAPES = ("2022-07-25 11:57:07.265079: E tensorflow/core/common_runtime/ring_alg.cc:276] Aborting RingGather with "
+             "Invalid argument: [_Derived_]Collective ops is aborted by: Shape mismatch in the collective instance 244. "
+             "Op at device /job:worker/replica:0/task:1/device:CPU:0 expected shape [98] but another member in the group "
+             "expected shape [102]. This is likely due to different input shapes at different members of the collective op.\n"
+             "The error could be from a previous operation. Restart your program to reset.\n")
+
+
+def test_tensorflow_s_shape_check_is_a_collective_mismatch():
+    d = diag({"logs/app/worker0.log": TF_SHAPES}, start_time="2022-07-25T11:50:00Z", end_time="2022-07-25T12:00:00Z")
+    assert (d.status, d.sub_domain) == ("attributed", "collective_mismatch")
+
+
+def test_tensorflow_s_restart_advice_alone_names_nothing():
+    d = diag({"logs/app/worker0.log": TF_SHAPES.splitlines(keepends=True)[1]})
+    assert d.sub_domain != "collective_mismatch"
+
+
+# bghira/SimpleTuner#2353: safetensors saving a checkpoint
+RUST_ENOSPC = ("Error while serializing: I/O error: No space left on device (os error 28)\n"
+               "Traceback (most recent call last):\n"
+               "safetensors_rust.SafetensorError: Error while serializing: I/O error: No space left on device (os error 28)\n")
+
+
+def test_enospc_in_rust_s_words_is_a_storage_error():
+    d = diag({"logs/app/train.log": RUST_ENOSPC})
+    assert (d.status, d.sub_domain) == ("attributed", "storage_io_error")
+
+
+# CHTC/templates-GPUs#7: the hold reason names the execute host
+CONDOR = "Hold reason: Error from slot1_7@gpulab2002.chtc.wisc.edu: Docker job has gone over memory limit of 1024 Mb\n"
+
+
+def test_htcondor_s_memory_hold_is_host_memory_on_the_named_host():
+    d = diag({"logs/app/condor_q-hold.txt": CONDOR})
+    assert (d.status, d.sub_domain) == ("attributed", "host_oom")
+    assert d.responsible_nodes == ["gpulab2002.chtc.wisc.edu"]
+    assert d.recovery.action == "notify_owner"      # the job asked for too little: nothing to drain
+
+
+# cBio/cbio-cluster#251: a TORQUE/Moab job's mail
+MOAB_MEM = """PBS Job Id: 3132467.mskcc-fe1.local
+Job Name:   STDIN
+Exec host:  gpu-1-4/0
+job deleted
+Job deleted at request of root@mskcc-fe1.local
+job 3132467 exceeded MEM usage hard limit (2528 > 1126)
+"""
+
+
+def test_moab_s_memory_hard_limit_is_host_memory():
+    d = diag({"logs/app/pbs-mail.txt": MOAB_MEM})
+    assert (d.status, d.sub_domain) == ("attributed", "host_oom")
+
+
+def test_the_mail_without_moab_s_reason_names_no_memory():
+    d = diag({"logs/app/pbs-mail.txt": "".join(MOAB_MEM.splitlines(keepends=True)[:5])})
+    assert d.sub_domain != "host_oom"
+
+
+# ROCm/legacy-rocm-build#2533 (an RDNA3 desktop) and rocm-arch/rocm-arch#829 (dmesg)
+AMD_SYSLOG = """Oct  7 12:58:23 Ubuntu-Desktop kernel: [ 2237.944235] [drm:amdgpu_job_timedout [amdgpu]] *ERROR* ring sdma0 timeout, signaled seq=16060, emitted seq=16062
+Oct  7 12:58:23 Ubuntu-Desktop kernel: [ 2237.944505] [drm:amdgpu_job_timedout [amdgpu]] *ERROR* Process information: process  pid 0 thread  pid 0
+Oct  7 12:58:23 Ubuntu-Desktop kernel: [ 2237.944732] amdgpu 0000:0a:00.0: amdgpu: GPU reset begin!
+"""
+OCT7 = {"start_time": "2026-10-07T12:00:00Z", "end_time": "2026-10-07T13:05:00Z"}
+
+
+def test_an_amd_ring_timeout_is_a_weak_gpu_fault_that_keeps_the_node_out():
+    d = diag({"logs/syslog/Ubuntu-Desktop.log": AMD_SYSLOG}, nodes=["Ubuntu-Desktop"], **OCT7)
+    assert (d.status, d.sub_domain) == ("attributed", "gpu_hardware_fault")
+    assert d.responsible_nodes == ["Ubuntu-Desktop"]
+    # a driver or program bug wedges a GPU the same way: never drained on this line alone
+    assert d.recovery.action == "retry_excluding_nodes"
+
+
+def test_the_reset_alone_is_not_read_as_a_fault():
+    d = diag({"logs/syslog/Ubuntu-Desktop.log": AMD_SYSLOG.splitlines(keepends=True)[2]}, nodes=["Ubuntu-Desktop"],
+             **OCT7)
+    assert d.sub_domain != "gpu_hardware_fault"
+
+
+# Journal lines of a Polish machine (an NVIDIA Xid 109 reported on the forum): journalctl's %b is "kwi"
+POLISH = ("kwi 15 07:56:59 testowy kernel: NVRM: Xid (PCI:0000:07:00): 109, pid=326, name=modprobe, channel 0x00000007, "
+          "errorString CTX SWITCH TIMEOUT, Info 0x74007\n")
+CTX = StampContext(zone=timezone.utc, anchor=datetime(2024, 4, 10, tzinfo=timezone.utc))
+
+
+def test_a_localized_month_reads_the_stamp_and_the_host():
+    head = read_head(POLISH.rstrip("\n"), CTX)
+    assert head.stamp == datetime(2024, 4, 15, 7, 56, 59, tzinfo=timezone.utc)
+    assert head.host == "testowy"
+    assert head.message.startswith("NVRM: Xid")
+
+
+def test_the_localized_journal_names_its_host_as_responsible():
+    d = diag({"logs/app/journal.txt": POLISH})
+    assert d.sub_domain == "gpu_hardware_fault"
+    assert d.responsible_nodes == ["testowy"]
+
+
+def test_a_word_that_is_no_month_is_not_a_stamp():
+    # the shape's applier declines any word outside glibc's abmon tables
+    head = read_head("done 15 07:56:59 testowy kernel: NVRM: something", CTX)
+    assert head.stamp is None
+
+
+def test_month_words_two_locales_disagree_on_are_not_read():
+    # "lip" is July in pl_PL and June in hr_HR: no stamp rather than a wrong month
+    head = read_head("lip 15 07:56:59 testowy kernel: NVRM: Xid (PCI:0000:07:00): 109", CTX)
+    assert head.stamp is None
