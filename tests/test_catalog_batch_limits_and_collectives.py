@@ -1,9 +1,11 @@
-"""What the ho18-ho20 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
+"""What the ho18-ho21 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
 that ranks disagree on a collective, ENOSPC in Rust's io::Error words (safetensors), the memory limits
-of HTCondor and Moab, amdgpu's ring timeout (an AMD GPU hang), and syslog stamps whose month is in
-the writer's locale (journalctl's %b).
+of HTCondor and Moab, amdgpu's ring timeout (an AMD GPU hang), syslog stamps whose month is in
+the writer's locale (journalctl's %b); two frameworks' own end-of-training lines (Caffe, Megatron's
+test set).
 Patterns: rules/catalog/extract/runtime.yaml (horovod.mismatched_request, tf.collective_shape_mismatch,
-storage.rust_io_error, pbs.moab_resource_limit, condor.memory_limit_hold), extract/linux.yaml
+storage.rust_io_error, pbs.moab_resource_limit, condor.memory_limit_hold, run.completed.caffe,
+run.completed.megatron_test_set), extract/linux.yaml
 (linux.amdgpu.ring_timeout); EARLY: early/runtime.yaml (early.condor.memory_hold, early.pbs.memory),
 early/linux.yaml (early.linux.amdgpu_ring_timeout); prefixes: rules/prefixes.py (rfc3164_local) with
 rules/stamps.py (LOCAL_MONTHS, glibc's abmon)."""
@@ -141,3 +143,47 @@ def test_month_words_two_locales_disagree_on_are_not_read():
     # "lip" is July in pl_PL and June in hr_HR: no stamp rather than a wrong month
     head = read_head("lip 15 07:56:59 testowy kernel: NVRM: Xid (PCI:0000:07:00): 109", CTX)
     assert head.stamp is None
+
+
+# Finished runs (the ho21 round): a framework's own end-of-training line, then teardown noise.
+# TimoSaemann/ENet#8: Caffe's solver and tool both log the end, then a SIGSEGV in the destructors
+CAFFE = """I0627 03:28:14.706820 10388 solver.cpp:317] Iteration 75000, loss = 0.411978
+I0627 03:28:14.706852 10388 solver.cpp:322] Optimization Done.
+I0627 03:28:14.706856 10388 caffe.cpp:254] Optimization Done.
+*** Aborted at 1498501694 (unix time) try "date -d @1498501694" if you are using GNU date ***
+PC: @     0x7fba3dfb813c (unknown)
+*** SIGSEGV (@0x0) received by PID 10388 (TID 0x7fba406eda40) from PID 0; stack trace: ***
+    @     0x7fba3fef8a87 caffe::Blob<>::~Blob()
+    @           0x40ec10 caffe::Net<>::~Net()
+"""
+
+
+def test_caffe_s_optimization_done_before_a_teardown_crash_is_a_finished_run():
+    d = diag({"logs/app/caffe_train.log": CAFFE}, state="UNKNOWN")
+    assert d.status == "no_failure"
+
+
+def test_the_crash_without_caffe_s_end_line_is_not_a_finished_run():
+    lines = CAFFE.splitlines(keepends=True)
+    d = diag({"logs/app/caffe_train.log": lines[0] + "".join(lines[3:])}, state="UNKNOWN")
+    assert d.status != "no_failure"
+
+
+# NVIDIA-NeMo/Megatron-Bridge#2955: the test-set evaluation runs after training and the final validation
+MEGATRON_TEST = """Evaluating iter 32/32
+----------------------------------------------------------------------------------------------------------
+ validation loss at iteration 50 on test set | lm loss value: 1.585846E-01 | lm loss PPL: 1.171851E+00 | 
+----------------------------------------------------------------------------------------------------------
+as04r5b22:2573730:2573730 [3] NCCL INFO comm 0x449c87a0 rank 7 nranks 8 cudaDev 3 busId ad000 - Destroy COMPLETE
+as04r5b21:3078643:3078643 [0] NCCL INFO comm 0x4592f620 rank 0 nranks 8 cudaDev 0 busId 1b000 - Destroy COMPLETE
+"""
+
+
+def test_megatron_s_test_set_evaluation_is_the_end_of_its_training():
+    d = diag({"logs/app/train.log": MEGATRON_TEST}, state="UNKNOWN")
+    assert d.status == "no_failure"
+
+
+def test_an_evaluation_iteration_alone_is_not_the_end():
+    d = diag({"logs/app/train.log": MEGATRON_TEST.splitlines(keepends=True)[0]}, state="UNKNOWN")
+    assert d.status != "no_failure"

@@ -182,6 +182,11 @@ LABELS_IN_DISPUTE = {
         "app-cancel-* and early.slurm.plain_cancel, unattributed here",
     "ho14-net-socket-connect-refused-jz-r11i6n2": "NCCL's bootstrap 'Connect to <ip> failed : Connection refused': "
         "rendezvous_error in mix2-nccl-bootstrap-connect-refused-unknown-ip-espnet-1940, unattributed here",
+    "ho22-mix-ray-gcs-node-marked-dead-vllm": "Ray marking a node dead on missed heartbeats: node_failure (weak) in "
+        "hw-nodedead-raytrain-22349, hw-nodedied-raytrainworker-43751, ho11-dist-nodedead-raylet-heartbeats-during-"
+        "ckpt-load-easyr1-verl-1472 and ho15-host-node-lost-ray-worker-marked-dead-vllm-tp4-ray-45179, unattributed here",
+    "ho22-app-gloo-connectfullmesh-ray-vllm": "Gloo's connectFullMesh failing: the group was never formed, the "
+        "contract's rendezvous_error row (weak), unattributed here",
 }
 
 
