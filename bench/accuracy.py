@@ -125,8 +125,9 @@ def refold(case: dict, tmp: Path) -> Path:
             continue
         suffix = ".jsonl" if f.suffix == ".jsonl" else ".txt"
         # metrics keep their place: a DCGM sample file is read by its path, not sniffed
+        # a hidden log (Nextflow's .command.log) is copied under a visible name, as a user's copy is
         rel = (f.relative_to(src) if src.is_dir() and f.relative_to(src).parts[0] == "metrics"
-               else Path("collected") / f"part-{i:02d}" / (f.stem + suffix))
+               else Path("collected") / f"part-{i:02d}" / ((f.stem.lstrip(".") or "log") + suffix))
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest / rel)
     return dest

@@ -132,9 +132,28 @@ def source_of(path: str) -> str | None:
     return None
 
 
+# Hidden files are not read (.git, .DS_Store, an editor's swap file), except logs a tool writes under a
+# dot name: Nextflow's task logs (.command.log, .command.err, .command.out) and its run log
+# (.nextflow.log). A hidden folder is never read.
+_HIDDEN_LOG_SUFFIXES = (".log", ".err", ".out")
+
+
+def hidden_log(name: str) -> bool:
+    """A dot-named file that is read anyway: a log by its suffix."""
+    return name.startswith(".") and len(name) > 1 and name.lower().endswith(_HIDDEN_LOG_SUFFIXES)
+
+
+def is_hidden(parts: tuple[str, ...] | list[str]) -> bool:
+    """Does a path (its parts) lie in a hidden folder, or name a hidden file that is not a log?"""
+    if not parts:
+        return False
+    *folders, name = parts
+    return any(p.startswith(".") for p in folders) or (name.startswith(".") and not hidden_log(name))
+
+
 def _is_evidence(rel: str) -> bool:
     parts = PurePosixPath(rel).parts
-    if len(parts) < 2 or any(p.startswith(".") for p in parts):
+    if len(parts) < 2 or is_hidden(parts):
         return False
     if parts[0] == "logs" and len(parts) >= 3 and parts[1] in ("app", "syslog", "fabricmanager", "scheduler"):
         return True
@@ -309,7 +328,8 @@ def read_workload(path: Path) -> WorkloadRecord:
 
 
 def walk_files(root: Path, limit: int | None = None) -> list[Path]:
-    """Regular files under ``root`` (no links, nothing hidden), sorted as ``sorted(rglob)`` sorts.
+    """Regular files under ``root`` (no links, nothing hidden but ``hidden_log`` files), sorted as
+    ``sorted(rglob)`` sorts.
 
     Iterative, unlike rglob in Python 3.11 (a 1,000-deep tree raised RecursionError);
     deeper than MAX_DEPTH or more than ``limit`` files is a BundleError naming the place.
@@ -324,7 +344,7 @@ def walk_files(root: Path, limit: int | None = None) -> list[Path]:
         except OSError as exc:
             raise BundleError(f"{folder}: cannot read the folder: {exc.strerror or exc}") from None
         for e in entries:
-            if e.name.startswith("."):
+            if e.name.startswith(".") and not hidden_log(e.name):
                 continue
             try:
                 mode = e.stat(follow_symlinks=False).st_mode

@@ -497,7 +497,9 @@ def _early(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lis
 JOINS = ("same_gpu", "same_host", "within_timeout_window", "after_onset", "same_workload")
 # Relations of identity (catalog keys beside `explains`): where, not when, decides them.
 IDENTITY = ("same_fault", "refines")
-IDENTITY_JOINS = ("same_gpu", "same_host")
+# message_below: the target is an exception line whose message goes on below it; the source is the
+# report on the line after it in the same file (rules/identity.py)
+IDENTITY_JOINS = ("same_gpu", "same_host", "message_below")
 EQUAL_KEYS = ("kind", "source", "host", "gpu_index", "rank", "domain", "sub_domain")
 
 

@@ -42,7 +42,10 @@ def fold_identities(ctx: FinalContext) -> None:
                     continue
                 unplaced = (_known_host(tgt) is None and src_host is not None) or \
                            (_known_host(src) is None and tgt_host is not None)
-                if not same_place(ctx, rule, src, tgt, unplaced=unplaced):
+                if rule.join == "message_below":
+                    if not _message_below(tgt, src):
+                        continue
+                elif not same_place(ctx, rule, src, tgt, unplaced=unplaced):
                     continue
                 if not within(ctx, src, tgt, rule.window_s):
                     continue
@@ -61,6 +64,13 @@ def fold_identities(ctx: FinalContext) -> None:
             extra = {"host_from_same_fault": placed_by} if placed_by else {}
             ctx.step(rule.id, rule.relation, folded, into=sorted({f"{ctx.fault(t).kind}:{ctx.fault(t).sub_domain}"
                                                                   for t in folded}), **extra)
+
+
+def _message_below(exc: Ev, report: Ev) -> bool:
+    """``report`` is the first line of ``exc``'s message: Python prints "<Type>: <message>", and a
+    message that starts with a newline leaves the type alone on its line with the text below it
+    (a blank line between is the message's own)."""
+    return report.path == exc.path and 1 <= report.line - exc.line <= 2
 
 
 def _known_host(ev: Ev) -> str | None:

@@ -25,7 +25,7 @@ from firstfault.schemas import WorkloadRecord
 
 from .bundle import (
     CHUNK, MAX_WORKLOAD_BYTES, Bundle, BundleFile, _file_chunks, archive_cap_from_env, archive_kind, compressed_log, gunzipped,
-    gzip_size, log_name, open_archive, open_bundle, parse_workload, read_workload, read_workload_bytes, walk_files,
+    gzip_size, is_hidden, log_name, open_archive, open_bundle, parse_workload, read_workload, read_workload_bytes, walk_files,
 )
 from .errors import BundleError
 from .jsonsafe import load_json
@@ -206,7 +206,7 @@ def _contract_only(root: Path) -> bool:
     (other JSON, Markdown and binary files beside it are not evidence, as before)."""
     for f in walk_files(root):
         rel = f.relative_to(root).as_posix()
-        if any(part.startswith(".") for part in PurePosixPath(rel).parts) or source_of(rel) is not None:
+        if is_hidden(PurePosixPath(rel).parts) or source_of(rel) is not None:
             continue
         if rel.lower().endswith((".json", ".md") + _SKIP_SUFFIX):
             continue

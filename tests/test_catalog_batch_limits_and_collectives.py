@@ -1,13 +1,17 @@
-"""What the ho18-ho21 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
+"""What the ho18-ho23 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
 that ranks disagree on a collective, ENOSPC in Rust's io::Error words (safetensors), the memory limits
 of HTCondor and Moab, amdgpu's ring timeout (an AMD GPU hang), syslog stamps whose month is in
 the writer's locale (journalctl's %b); two frameworks' own end-of-training lines (Caffe, Megatron's
-test set).
+test set); out-of-memory in cuBLAS's, TensorFlow's and XLA's words; torch.save's short write; a GPU
+driver older than the job's CUDA, printed below the exception it raised.
 Patterns: rules/catalog/extract/runtime.yaml (horovod.mismatched_request, tf.collective_shape_mismatch,
 storage.rust_io_error, pbs.moab_resource_limit, condor.memory_limit_hold, run.completed.caffe,
-run.completed.megatron_test_set), extract/linux.yaml
+run.completed.megatron_test_set, tf.oom_allocating_tensor, xla.device_oom), extract/app.yaml
+(cuda.library_alloc_failed, cuda.library_not_initialized, cuda.driver_too_old,
+torch.checkpoint_write_failed), extract/linux.yaml
 (linux.amdgpu.ring_timeout); EARLY: early/runtime.yaml (early.condor.memory_hold, early.pbs.memory),
-early/linux.yaml (early.linux.amdgpu_ring_timeout); prefixes: rules/prefixes.py (rfc3164_local) with
+early/linux.yaml (early.linux.amdgpu_ring_timeout), early/app.yaml (early.cuda.driver_too_old); FINAL:
+final/identity.yaml (final.same.exception_message_below); prefixes: rules/prefixes.py (rfc3164_local) with
 rules/stamps.py (LOCAL_MONTHS, glibc's abmon)."""
 from datetime import datetime, timezone
 
@@ -187,3 +191,78 @@ def test_megatron_s_test_set_evaluation_is_the_end_of_its_training():
 def test_an_evaluation_iteration_alone_is_not_the_end():
     d = diag({"logs/app/train.log": MEGATRON_TEST.splitlines(keepends=True)[0]}, state="UNKNOWN")
     assert d.status != "no_failure"
+
+
+# The ho23 round: out-of-memory and driver reports in the words of libraries other than PyTorch's allocator.
+# DeepMotionAIResearch/DenseMatchingBenchmark#20
+CUBLAS_ALLOC = """RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`
+Exception raised from createCublasHandle at /opt/conda/conda-bld/pytorch_1595629403081/work/aten/src/ATen/cuda/CublasHandlePool.cpp:8 (most recent call first):
+"""
+
+
+def test_a_math_library_that_cannot_allocate_is_a_cuda_oom():
+    d = diag({"logs/app/train.log": CUBLAS_ALLOC})
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom")
+
+
+def test_cudnn_not_initialized_is_an_echo_not_a_bug_in_the_user_s_python():
+    # seanie12/Info-HCVAE#7: the handle could not be made; the line does not say why
+    d = diag({"logs/app/train.log": "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INITIALIZED\n"})
+    assert d.status == "unattributed"
+
+
+# dBeker/Faster-RCNN-TensorFlow-Python3#110 and google-research/l2p#20
+TF_OOM = ("ResourceExhaustedError: OOM when allocating tensor with shape[25088,4096] and type float on "
+          "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc\n")
+XLA_OOM = ("2022-08-05 10:00:26.835281: E external/org_tensorflow/tensorflow/compiler/xla/pjrt/pjrt_stream_executor_client.cc:2130] "
+           "Execution of replica 0 failed: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9437184 bytes.\n"
+           "BufferAssignment OOM Debugging.\n")
+
+
+def test_tensorflow_s_tensor_oom_on_a_gpu_is_a_cuda_oom():
+    d = diag({"logs/app/train.log": TF_OOM})
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom")
+
+
+def test_xla_s_resource_exhausted_is_a_cuda_oom():
+    d = diag({"logs/app/train.log": XLA_OOM}, start_time="2022-08-05T09:50:00Z", end_time="2022-08-05T10:05:00Z")
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom")
+
+
+def test_the_hint_alone_names_no_oom():
+    d = diag({"logs/app/train.log": "Hint: If you want to see a list of allocated tensors when OOM happens, add "
+                                    "report_tensor_allocations_upon_oom to RunOptions for current allocation info.\n"})
+    assert d.sub_domain != "cuda_oom"
+
+
+# hiyouga/LlamaFactory#620: torch.save's zip writer after a short write
+SHORT_WRITE = "RuntimeError: [enforce fail at inline_container.cc:337] . unexpected pos 11347827264 vs 11347827160\n"
+
+
+def test_the_zip_writer_s_unexpected_pos_is_a_failed_checkpoint_write():
+    d = diag({"logs/app/train.log": SHORT_WRITE})
+    assert (d.status, d.sub_domain) == ("attributed", "storage_io_error")
+
+
+# ai4d-iasc/trixie#9: PyTorch raises AssertionError with a message that starts on the next line
+DRIVER_OLD = """AssertionError: 
+The NVIDIA driver on your system is too old (found version 10010).
+Please update your GPU driver by downloading and installing a new
+"""
+
+
+def test_an_exception_whose_message_is_below_it_is_that_message_s_fault():
+    d = diag({"logs/app/slurm.out": DRIVER_OLD})
+    assert (d.status, d.sub_domain) == ("attributed", "driver_library_mismatch")
+    assert any(s.rule_id == "final.same.exception_message_below" for s in d.evidence)
+
+
+def test_a_driver_older_than_the_job_s_cuda_never_drains_its_node():
+    d = diag({"logs/app/slurm.out": DRIVER_OLD}, nodes=["node-01"])
+    assert d.sub_domain == "driver_library_mismatch"
+    assert d.recovery.action != "drain_nodes"
+
+
+def test_the_bare_assertion_without_the_text_below_stays_the_user_s():
+    d = diag({"logs/app/slurm.out": "AssertionError: \n"})
+    assert d.sub_domain == "user_code_exception"

@@ -90,3 +90,33 @@ def test_the_inferred_window_reads_stamps_in_the_records_time_zone(tmp_path):
     assert wl.start_time.hour == 15 and wl.start_time.minute == 3          # 10:03 in New York
     d = analyze_path(tmp_path).diagnosis
     assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "gpu_fell_off_bus", ["node1"])
+
+
+# NBISweden/Earth-Biogenome-Project-pilot#81: Nextflow keeps each task's output in dot-named files
+NEXTFLOW_OOM = ("slurmstepd: error: Detected 1959 oom_kill events in StepId=45226719.batch. Some of the step tasks "
+                "have been OOM Killed.\n")
+
+
+def test_a_task_folder_s_hidden_logs_are_read_and_the_rest_of_what_is_hidden_is_not(tmp_path):
+    task = tmp_path / "work" / "3f" / "a1b2c3"
+    (task / ".git").mkdir(parents=True)
+    (task / ".command.log").write_text(NEXTFLOW_OOM)
+    (task / ".command.sh").write_text("#!/bin/bash -ue\n" + NEXTFLOW_OOM)      # the task's script, not a log
+    (task / ".git" / "run.log").write_text("RuntimeError: CUDA error: out of memory\n")   # inside a hidden folder
+    (task / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    intake = open_input(task)
+    assert sorted(f.path.rsplit("/", 1)[-1] for f in intake.bundle.files) == [".command.log"]
+    d = analyze_path(task).diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "host_oom")
+
+
+def test_a_hidden_log_inside_a_bundle_s_layout_is_evidence(tmp_path):
+    (tmp_path / "logs" / "app").mkdir(parents=True)
+    (tmp_path / "workload.json").write_text(json.dumps({
+        "workload_id": "slurm-45226719", "scheduler": "slurm", "state": "FAILED", "attempt": 0,
+        "start_time": "2026-11-02T09:00:00Z", "end_time": "2026-11-02T10:00:00Z", "nodes": ["node-01"]}))
+    (tmp_path / "logs" / "app" / ".command.log").write_text(NEXTFLOW_OOM)
+    (tmp_path / "logs" / "app" / ".command.swp").write_text(NEXTFLOW_OOM)          # an editor's swap file
+    d = analyze_path(tmp_path).diagnosis
+    assert d.sub_domain == "host_oom"
+    assert {r.path for s in d.evidence for r in s.events} - {"workload.json"} == {"logs/app/.command.log"}
