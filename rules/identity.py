@@ -74,8 +74,9 @@ def _message_below(exc: Ev, report: Ev) -> bool:
 
 
 def _known_host(ev: Ev) -> str | None:
-    """The host a line names (or its file or the job's one node), not the rank-placement guess."""
-    return None if ev.fields.get("host_basis") == "rank_placement" else ev.host
+    """The host a line names (or its file or the job's one node), not the rank-placement guess nor the
+    node that only reported it (host_basis "reporter": a cancellation banner's printing node)."""
+    return None if ev.fields.get("host_basis") in ("rank_placement", "reporter") else ev.host
 
 
 def _lone_host(reports: list[Ev]) -> str | None:

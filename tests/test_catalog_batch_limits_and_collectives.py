@@ -1,14 +1,15 @@
-"""What the ho18-ho23 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
+"""What the ho18-ho26 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
 that ranks disagree on a collective, ENOSPC in Rust's io::Error words (safetensors), the memory limits
 of HTCondor and Moab, amdgpu's ring timeout (an AMD GPU hang), syslog stamps whose month is in
 the writer's locale (journalctl's %b); two frameworks' own end-of-training lines (Caffe, Megatron's
 test set); out-of-memory in cuBLAS's, TensorFlow's and XLA's words; torch.save's short write; a GPU
-driver older than the job's CUDA, printed below the exception it raised.
+driver older than the job's CUDA, printed below the exception it raised; Intel GPUs' device
+out-of-memory; an OOM re-raised from a replica; CUDA failing to start.
 Patterns: rules/catalog/extract/runtime.yaml (horovod.mismatched_request, tf.collective_shape_mismatch,
 storage.rust_io_error, pbs.moab_resource_limit, condor.memory_limit_hold, run.completed.caffe,
-run.completed.megatron_test_set, tf.oom_allocating_tensor, xla.device_oom), extract/app.yaml
-(cuda.library_alloc_failed, cuda.library_not_initialized, cuda.driver_too_old,
-torch.checkpoint_write_failed), extract/linux.yaml
+run.completed.megatron_test_set, tf.oom_allocating_tensor, xla.device_oom, xpu.device_out_of_memory),
+extract/app.yaml (cuda.library_alloc_failed, cuda.library_not_initialized, cuda.driver_too_old,
+torch.checkpoint_write_failed, torch.cuda_oom, torch.cuda_oom_rewrapped, cuda.init_unknown_error), extract/linux.yaml
 (linux.amdgpu.ring_timeout); EARLY: early/runtime.yaml (early.condor.memory_hold, early.pbs.memory),
 early/linux.yaml (early.linux.amdgpu_ring_timeout), early/app.yaml (early.cuda.driver_too_old); FINAL:
 final/identity.yaml (final.same.exception_message_below); prefixes: rules/prefixes.py (rfc3164_local) with
@@ -266,3 +267,51 @@ def test_a_driver_older_than_the_job_s_cuda_never_drains_its_node():
 def test_the_bare_assertion_without_the_text_below_stays_the_user_s():
     d = diag({"logs/app/slurm.out": "AssertionError: \n"})
     assert d.sub_domain == "user_code_exception"
+
+
+# The ho25 and ho26 rounds: Intel GPUs' out-of-memory, PyTorch's re-raised OOM, CUDA failing to start.
+# open-edge-platform/geti_v2#1075 and intel/torch-ccl#65
+XPU_OOM = "RuntimeError: Native API failed. Native API returns: 39 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)\n"
+ONECCL_OOM = ("2024:05:29-19:16:18:(202165) |CCL_ERROR| worker.cpp:338 ccl_worker_func: worker 0 caught internal exception: "
+              "oneCCL: ze_call.cpp:28 do_call: EXCEPTION: ze error at zeCommandQueueExecuteCommandLists, code: "
+              "ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY\n"
+              "terminate called after throwing an instance of 'ccl::v1::exception'\n")
+
+
+def test_an_intel_gpu_out_of_device_memory_is_the_device_oom():
+    for text in (XPU_OOM, ONECCL_OOM):
+        d = diag({"logs/app/train.log": text})
+        assert (d.status, d.sub_domain) == ("attributed", "cuda_oom"), text
+
+
+def test_pytorch_s_xpu_allocator_is_read_like_cuda_s():
+    # intel/torch-xpu-ops#3011
+    d = diag({"logs/app/train.log": "torch.OutOfMemoryError: XPU out of memory. Tried to allocate 4.66 GiB. GPU 0 has a "
+                                    "total capacity of 5.65 GiB of which 5.65 GiB is free.\n"})
+    assert d.sub_domain == "cuda_oom"
+
+
+def test_a_sycl_exception_alone_is_no_oom():
+    d = diag({"logs/app/train.log": "terminate called after throwing an instance of 'sycl::_V1::exception'\n"})
+    assert d.sub_domain != "cuda_oom"
+
+
+# huggingface/trl#1169: DataParallel re-raises the replica's OOM under its own type
+REWRAPPED = """2024-01-12T19:26:34.787+08:00                raise exception
+2024-01-12T19:26:34.787+08:00                torch.cuda.OutOfMemoryError: Caught OutOfMemoryError in replica 0 on device 0.
+"""
+
+
+def test_an_oom_re_raised_from_a_replica_is_a_cuda_oom():
+    d = diag({"logs/app/cloudwatch.log": REWRAPPED}, start_time="2024-01-12T11:00:00Z", end_time="2024-01-12T11:30:00Z")
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom")
+
+
+# NVIDIA/k8s-device-plugin#319: CUDA cannot start in the pod
+CUDA_UNKNOWN = ("RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, e.g. changing env "
+                "variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero.\n")
+
+
+def test_cuda_failing_to_start_is_an_echo_not_a_bug_in_the_user_s_python():
+    d = diag({"logs/app/pod-shell.txt": CUDA_UNKNOWN})
+    assert d.status == "unattributed"

@@ -288,3 +288,29 @@ def test_a_placement_guess_alone_never_drains():
     # The same line in gpu-b's own log names its host: then the node is drained.
     d = analyze_files(X94_WORKLOAD, {"logs/app/gpu-b.log": files["logs/app/train.log"]}).diagnosis
     assert d.recovery.action == "drain_nodes" and d.recovery.nodes == ["gpu-b"]
+
+
+# A node set DOWN under a two-node job on the repo's real one-host Slurm cluster (tests/test_slurm_real.py):
+# srun and slurmstepd write the same output file, and the two lines land in either order.
+NODE_DOWN_WL = {"workload_id": "slurm-5", "attempt": 0, "scheduler": "slurm", "state": "NODE_FAIL", "exit_code": "0:15",
+                "start_time": "2026-11-02T10:05:00Z", "end_time": "2026-11-02T10:06:30Z", "nodes": ["n2", "n3"]}
+SRUN_NODE_FAIL = "srun: error: Node failure on n3\n"
+STEP_BANNER = ("slurmstepd-n2: error: *** STEP 5.0 ON n2 CANCELLED AT 2026-11-02T10:06:23 DUE TO NODE FAILURE, "
+               "SEE SLURMCTLD LOG FOR DETAILS ***\n")
+AFTER = "srun: Job step aborted: Waiting up to 4 seconds for job step to finish.\nsrun: error: n2: task 0: Terminated\n"
+
+
+@pytest.mark.parametrize("first", ["srun", "slurmstepd"])
+def test_a_node_failure_names_the_failed_node_whichever_line_came_first(first):
+    head = SRUN_NODE_FAIL + STEP_BANNER if first == "srun" else STEP_BANNER + SRUN_NODE_FAIL
+    d = analyze_files(NODE_DOWN_WL, {"logs/app/n2.log": "rank 0 step 0 loss 2.3000\n" + head + AFTER}).diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "node_failure")
+    assert d.responsible_nodes == ["n3"]
+    assert d.recovery.nodes == ["n3"]           # never the surviving node that printed the banner
+
+
+def test_the_banner_alone_names_no_node_to_exclude():
+    # it is printed by a node that survived: the failed one is in slurmctld's log or srun's line, not here
+    d = analyze_files(NODE_DOWN_WL, {"logs/app/n2.log": STEP_BANNER + AFTER}).diagnosis
+    assert d.sub_domain == "node_failure"
+    assert d.responsible_nodes == [] and d.recovery.nodes == []

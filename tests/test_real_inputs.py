@@ -168,9 +168,9 @@ RECOVERY_GAPS = {
                                         "died'; the engine does not join the two, so it names no node to exclude",
 }
 NODE_ACTIONS = ("drain_nodes", "retry_excluding_nodes")
-# Blind labels that disagree with an earlier round's label of the same kind of line; the engine keeps the
-# earlier reading (corpus/README.md, rounds ho10 and ho11). It may exclude the node from a rerun there,
-# never drain it; an entry whose disagreement is gone must leave the list.
+# Blind labels that disagree with an earlier round's label of the same kind of line (or with the contract's
+# row for it); the engine keeps the earlier reading (corpus/README.md names each, by round). It may exclude
+# the node from a rerun there, never drain it; an entry whose disagreement is gone must leave the list.
 LABELS_IN_DISPUTE = {
     "ho10-gpu-unattr-nvls-bind-401-gpu-stress-pod-dcgm-304": "NCCL's NVLS bind failure: nvswitch_fatal (weak) in "
         "hw-nvls-bind-fabricmanager-ci-pytorch-177472, unattributed here",
@@ -187,6 +187,12 @@ LABELS_IN_DISPUTE = {
         "ckpt-load-easyr1-verl-1472 and ho15-host-node-lost-ray-worker-marked-dead-vllm-tp4-ray-45179, unattributed here",
     "ho22-app-gloo-connectfullmesh-ray-vllm": "Gloo's connectFullMesh failing: the group was never formed, the "
         "contract's rendezvous_error row (weak), unattributed here",
+    "ho26-sched-nersc-cori-step-cancelled-is-a-lwp": "slurmstepd's plain 'CANCELLED AT' banner, as in "
+        "ho13-sched-trixie-step-cancelled-stepd-terminated-not-ending-cn106: user_cancelled in app-cancel-* and "
+        "ho14-sched-scancel-step-cancelled-mlperf-bert-node0400, unattributed here",
+    "ho25-mix-mpijob-elastic-horovod-rank3-137-gloo-reset": "a process ending with exit code 137 (SIGKILL): a weak "
+        "host_oom, as net-hostoom-exit137-ffdl-127 and ho8-k8s-oomkilled-openpai-pvrcnn-exit137-pai-5464 read it, "
+        "unattributed here (the worker pod may have been removed)",
 }
 
 
@@ -197,7 +203,7 @@ def test_every_corpus_case_gives_a_diagnosis(case):
     measured, with floors, by bench/accuracy.py; this keeps the worst outcome out of every case)."""
     meta = json.loads((CORPUS / case / "case.json").read_text())
     d = analyze_path(CORPUS / case / meta["input"]).diagnosis
-    if d.status == "attributed" and meta.get("confidence") == "high":
+    if d.status == "attributed" and meta.get("confidence") == "high" and case not in LABELS_IN_DISPUTE:
         assert d.sub_domain == meta["expected"]["sub_domain"], f"{case}: confidently wrong"
     # A cause's sentence never prints a placeholder for what the lines did not say (issue 13:
     # "rank ? (?)" read as if the tool had lost something; [[optional]] template segments).
@@ -207,7 +213,10 @@ def test_every_corpus_case_gives_a_diagnosis(case):
     # and never an action on a node the label does not allow, whatever the cause.
     want = meta["expected"]["recovery_action"]
     if case in LABELS_IN_DISPUTE:
-        assert d.recovery.action != want and d.recovery.action != "drain_nodes", f"{case}: {d.recovery.action}"
+        # The dispute stands (the engine still reads the line its way: take the case off when it agrees),
+        # and no disputed reading drains a node.
+        assert d.sub_domain != meta["expected"]["sub_domain"], f"{case} agrees with its label: take it off the list"
+        assert d.recovery.action != "drain_nodes", f"{case}: {d.recovery.action}"
     elif d.recovery.action in NODE_ACTIONS:
         assert want in NODE_ACTIONS, f"{case}: {d.recovery.action} {d.recovery.nodes}, label says {want}"
         assert d.recovery.nodes and set(d.recovery.nodes) <= set(d.responsible_nodes)

@@ -713,7 +713,8 @@ def recovery(ctx: FinalContext) -> None:
     # max() keeps the first of equals: the initiating report decides among equally severe ones.
     root, action, why = max(own_actions, key=lambda a: _SEVERITY.get(a[1], 0))
     severe = ("drain_nodes", "retry_excluding_nodes")
-    nodes = [] if root.domain == "scheduler" else sorted({r.host for r, act, _ in own_actions if r.host and act in severe})
+    nodes = [] if root.domain == "scheduler" else sorted({r.host for r, act, _ in own_actions
+                                                          if r.host and act in severe and not reporter_only(r)})
     reasons = [f"{root.sub_domain} ({entry.get('summary', root.kind)})"] + why
     unnamed = False
     vendor = _vendor(root)
@@ -829,7 +830,13 @@ def responsible(ctx: FinalContext) -> list[str]:
         return []
     if ctx.chosen[0].domain == "scheduler":
         return []
-    return sorted({r.host for r in ctx.chosen if r.host})
+    return sorted({r.host for r in ctx.chosen if r.host and not reporter_only(r)})
+
+
+def reporter_only(ev: Ev) -> bool:
+    """The report's host is the node that printed it about another (slurmstepd's cancellation banner
+    on a surviving node), not the node it is about: it names nothing to blame, drain or exclude."""
+    return ev.fields.get("host_basis") == "reporter"
 
 
 @final_rule(
