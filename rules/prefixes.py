@@ -400,7 +400,8 @@ def _rank(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     return True
 
 
-def _rfc3164(m: re.Match[str], head: Head, ctx: StampContext, months: Callable[[str], int] = MONTHS.__getitem__) -> bool:
+def _rfc3164(m: re.Match[str], head: Head, ctx: StampContext,
+             months: Callable[[str], int] = MONTHS.__getitem__) -> bool:
     mon, day, hh, mi, ss, frac, host, prog, pid = m.group("mon", "day", "hh", "mm", "ss", "frac", "host", "prog", "pid")
     if head.stamp is None:
         head.stamp = _yearless(ctx, (mon, day, hh, mi, ss), micro_of(frac), months)
