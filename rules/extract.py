@@ -57,6 +57,9 @@ class HostResolver:
     def __init__(self, workload: WorkloadRecord) -> None:
         self.nodes = set(workload.nodes)
         self.short = {n.split(".")[0]: n for n in workload.nodes}
+        # Host names are case-insensitive (RFC 4343): srun's "Orion-01-01" is slurmstepd's "orion-01-01".
+        self.folded = {n.lower(): n for n in sorted(workload.nodes, reverse=True)}
+        self.short_folded = {k.lower(): v for k, v in sorted(self.short.items(), reverse=True)}
         self.pods = dict(workload.pods)
         self.workload = workload
         # The one node of a one-node job is where every unplaced line happened.
@@ -72,7 +75,8 @@ class HostResolver:
         short = name.split(".")[0]
         if short in self.short:
             return self.short[short]
-        return name
+        folded = self.folded.get(name.lower()) or self.short_folded.get(short.lower())
+        return folded or name
 
     def pod_node(self, name: str | None) -> str | None:
         """The node a pod ran on (the workload's pods map), or the node itself when ``name`` is one of

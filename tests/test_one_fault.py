@@ -314,3 +314,34 @@ def test_the_banner_alone_names_no_node_to_exclude():
     d = analyze_files(NODE_DOWN_WL, {"logs/app/n2.log": STEP_BANNER + AFTER}).diagnosis
     assert d.sub_domain == "node_failure"
     assert d.responsible_nodes == [] and d.recovery.nodes == []
+
+
+# heronsystems/adeptRL#13: jobacct_gather kills the step over its memory limit; the step's slurmstepd prints the
+# plain banner for the SIGKILL. Two writers of one output file: either line may come first.
+MEM_KILL = "slurmstepd: Job 1171978 exceeded memory limit (18202456 > 16384000), being killed\n"
+PLAIN_BANNER = "slurmstepd: *** JOB 1171978 ON cuda-24-0 CANCELLED AT 2018-10-16T13:24:27 ***\n"
+
+
+@pytest.mark.parametrize("first", ["kill", "banner"])
+def test_a_memory_limit_kill_is_one_cause_with_the_cancellation_it_causes(tmp_path, first):
+    f = tmp_path / "slurm-1171978.out"
+    f.write_text(MEM_KILL + PLAIN_BANNER if first == "kill" else PLAIN_BANNER + MEM_KILL)
+    d = analyze_path(f).diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "host_oom")
+    assert d.responsible_nodes == ["cuda-24-0"]
+
+
+# HAFS (hafs-community/HAFS#101): srun names the node "Orion-01-01", slurmstepd "orion-01-01"
+ORION = """slurmstepd: error: Detected 1 oom-kill event(s) in step 3495064.0 cgroup. Some of your processes may have been killed by the cgroup out-of-memory handler.
+srun: error: Orion-01-01: task 4: Out Of Memory
+srun: Terminating job step 3495064.0
+slurmstepd: error: *** STEP 3495064.0 ON orion-01-01 CANCELLED AT 2021-10-27T19:35:36 ***
+"""
+
+
+def test_one_node_spelled_in_two_cases_is_one_node(tmp_path):
+    f = tmp_path / "slurm.out"
+    f.write_text(ORION)
+    d = analyze_path(f).diagnosis
+    assert d.sub_domain == "host_oom"
+    assert d.responsible_nodes == ["orion-01-01"]          # the node as the record (here: the lines) names it, once
