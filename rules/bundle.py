@@ -520,20 +520,47 @@ def open_archive(data: bytes | str | Path, kind: str, origin: str = "archive",
     return bundle
 
 
+def extract_archive(data: bytes | str | Path, kind: str, origin: str, dest: Path,
+                    max_member: int = MAX_MEMBER_BYTES, max_total: int = MAX_ARCHIVE_BYTES,
+                    max_members: int = MAX_MEMBERS) -> None:
+    """Every regular member of an archive of logs in any layout (hidden ones but logs left out) into
+    ``dest``, under the same checks and caps as ``open_archive`` (safe names, no links, sizes, count):
+    a user's logs.tar.gz is read as the folder it was made from."""
+    spool = _Spool(origin, max_member, max_total, None)
+    try:
+        # macOS's zip adds __MACOSX/ (resource forks of every file): not logs
+        _expand(data, kind, origin, max_members, spool,
+                wanted=lambda name: not is_hidden(PurePosixPath(name).parts) and not name.startswith("__MACOSX/"))
+        for name, (_, where) in sorted(spool.members.items()):
+            out = dest / name
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(where, Path):
+                    shutil.move(str(where), out)
+                else:
+                    out.write_bytes(where)
+            except OSError as exc:           # a member named both as a file and as a folder
+                raise BundleError(f"{origin}: archive member {name!r} cannot be written out: "
+                                  f"{exc.strerror or exc}") from None
+    finally:
+        spool.close()
+
+
 def _source(data: bytes | str | Path) -> IO[bytes] | str | Path:
     return io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
 
 
-def _once(name: str, seen: set[str], origin: str) -> None:
+def _once(name: str, seen: set[str], origin: str, wanted: Callable[[str], bool]) -> None:
     """A record or evidence member named twice (``./workload.json`` is ``workload.json``) is an error:
     which one the archive means is not ours to guess (a zip reader would take the last)."""
-    if name in seen and _wanted(name):
+    if name in seen and wanted(name):
         raise BundleError(f"{origin}: archive member {name!r} appears twice: keep one")
     seen.add(name)
 
 
-def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, spool: _Spool) -> list[str]:
-    """Check every member and spool the wanted ones; returns the names of the regular files."""
+def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, spool: _Spool,
+            wanted: Callable[[str], bool] = _wanted) -> list[str]:
+    """Check every member and spool the ``wanted`` ones; returns the names of the regular files."""
     names: list[str] = []
     seen: set[str] = set()
     try:
@@ -550,9 +577,9 @@ def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, 
                     if (info.external_attr >> 16) & 0o170000 == 0o120000:
                         raise BundleError(f"archive member {name!r} is a link")
                     spool.declare(name, info.file_size)
-                    _once(name, seen, origin)
+                    _once(name, seen, origin, wanted)
                     names.append(name)
-                    if not _wanted(name):
+                    if not wanted(name):
                         spool.skip(info.file_size)
                         continue
                     with zf.open(info) as fh:
@@ -574,9 +601,9 @@ def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, 
                     if info.issym() or info.islnk() or not info.isfile():
                         raise BundleError(f"archive member {name!r} is a link or a special file")
                     spool.declare(name, info.size)
-                    _once(name, seen, origin)
+                    _once(name, seen, origin, wanted)
                     names.append(name)
-                    if not _wanted(name):
+                    if not wanted(name):
                         spool.skip(info.size)         # tarfile seeks past it (decompressing, not keeping)
                         continue
                     fh = tf.extractfile(info)

@@ -14,6 +14,9 @@ Bare = folder = bundle: the same lines give the same diagnosis however they come
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +28,8 @@ from firstfault.schemas import WorkloadRecord
 
 from .bundle import (
     CHUNK, MAX_WORKLOAD_BYTES, Bundle, BundleFile, _file_chunks, archive_cap_from_env, archive_kind, compressed_log, gunzipped,
-    gzip_size, is_hidden, log_name, open_archive, open_bundle, parse_workload, read_workload, read_workload_bytes, walk_files,
+    extract_archive, gzip_size, is_hidden, log_name, open_bundle, parse_workload, read_workload,
+    read_workload_bytes, walk_files,
 )
 from .errors import BundleError
 from .jsonsafe import load_json
@@ -186,6 +190,12 @@ def open_input(path: str | Path, max_archive_bytes: int | None = None) -> Intake
         raise BundleError(f"no such file or folder: {p}")
     if p.is_file() and archive_kind(p) is not None:
         return _with_nodes(_from_archive(p, max_archive_bytes))
+    return _from_path(p, max_archive_bytes)
+
+
+def _from_path(p: Path, max_archive_bytes: int | None, root_name: str | None = None) -> Intake:
+    """A bundle folder, a folder of logs in any layout, or one log file (``root_name``: the name the
+    workload is known by when the folder's own is not it)."""
     if p.is_dir() and (p / "workload.json").is_file() and _contract_only(p) and not _partial_record(p):
         return _with_nodes(Intake(bundle=open_bundle(p, max_archive_bytes)))
     if p.is_file():
@@ -194,7 +204,7 @@ def open_input(path: str | Path, max_archive_bytes: int | None = None) -> Intake
     elif p.is_dir():
         # Iterative and bounded (depth, count): a hostile tree is a BundleError, not a RecursionError.
         files = [(f.relative_to(p).as_posix(), f) for f in walk_files(p, limit=MAX_FILES)]
-        root_name = p.name
+        root_name = root_name or p.name
     else:
         raise BundleError(f"{p} is neither a file nor a folder")
     cap = archive_cap_from_env() if max_archive_bytes is None else max_archive_bytes
@@ -215,10 +225,30 @@ def _contract_only(root: Path) -> bool:
 
 
 def _from_archive(p: Path, max_bytes: int | None) -> Intake:
+    """An archive read as the folder it was made from: a bundle (its layout at the top or under one
+    folder), a folder of logs in any layout, or one log, as ``open_input`` reads each."""
     # Read from the path, never whole into memory; one cap for any member and for all together.
     cap = archive_cap_from_env() if max_bytes is None else max_bytes
     kind = archive_kind(p) or "tar"
-    return Intake(bundle=open_archive(p, kind, str(p), max_member=cap, max_total=cap))
+    tmp = Path(tempfile.mkdtemp(prefix="firstfault-archive-"))
+    try:
+        extract_archive(p, kind, str(p), tmp, max_member=cap, max_total=cap)
+        top = sorted(tmp.iterdir())
+        root = top[0] if len(top) == 1 and top[0].is_dir() else tmp
+        intake = _from_path(root, max_bytes, root_name=root.name if root != tmp else _archive_stem(p.name))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    weakref.finalize(intake.bundle, shutil.rmtree, str(tmp), True)     # the files live as long as the bundle
+    return intake
+
+
+_ARCHIVE_SUFFIX = re.compile(r"\.(?:tar(?:\.(?:gz|bz2|xz|zst))?|tgz|tbz2?|txz|zip)$", re.IGNORECASE)
+
+
+def _archive_stem(name: str) -> str:
+    """logs-4711.tar.gz -> logs-4711: the workload's name when the archive holds loose files."""
+    return _ARCHIVE_SUFFIX.sub("", name) or name
 
 
 def _assemble(files: list[tuple[str, Path]], root_name: str, root: Path | None, cap: int) -> Intake:

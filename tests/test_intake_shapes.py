@@ -120,3 +120,41 @@ def test_a_hidden_log_inside_a_bundle_s_layout_is_evidence(tmp_path):
     d = analyze_path(tmp_path).diagnosis
     assert d.sub_domain == "host_oom"
     assert {r.path for s in d.evidence for r in s.events} - {"workload.json"} == {"logs/app/.command.log"}
+
+
+# An archive is read as the folder it was made from: a bundle, a folder of logs in any layout, one log.
+def test_an_archive_of_one_log_reads_as_the_log_and_takes_its_name(tmp_path):
+    import tarfile
+    log = tmp_path / "train.log"
+    log.write_text("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`\n")
+    with tarfile.open(tmp_path / "job-4711-logs.tar.gz", "w:gz") as tar:
+        tar.add(log, arcname="train.log")
+    d = analyze_path(tmp_path / "job-4711-logs.tar.gz").diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom")
+    assert d.workload_id == "job-4711-logs"
+
+
+def test_a_zipped_bundle_is_the_bundle_even_beside_macos_resource_forks(tmp_path):
+    import zipfile
+    from conftest import SAMPLES
+    sample = SAMPLES / "worked-example"
+    with zipfile.ZipFile(tmp_path / "worked-example.zip", "w") as z:
+        for p in sorted(sample.rglob("*")):
+            if p.is_file():
+                z.write(p, f"worked-example/{p.relative_to(sample).as_posix()}")
+                rel = p.relative_to(sample)
+                z.writestr(f"__MACOSX/worked-example/{rel.parent.as_posix()}/._{p.name}",
+                           b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
+    assert analyze_path(tmp_path / "worked-example.zip").diagnosis.to_json() == analyze_path(sample).diagnosis.to_json()
+
+
+def test_an_archive_of_a_folder_of_logs_without_a_record_is_read_like_the_folder(tmp_path):
+    import tarfile
+    folder = tmp_path / "run-17"
+    (folder / "node-a").mkdir(parents=True)
+    (folder / "node-a" / "slurm.out").write_text(NEXTFLOW_OOM)
+    with tarfile.open(tmp_path / "run-17.tgz", "w:gz") as tar:
+        tar.add(folder, arcname="run-17")
+    got, want = analyze_path(tmp_path / "run-17.tgz").diagnosis, analyze_path(folder).diagnosis
+    assert (got.status, got.sub_domain, got.workload_id) == (want.status, want.sub_domain, want.workload_id)
+    assert got.sub_domain == "host_oom"
