@@ -174,7 +174,8 @@ _REGEX = {
 
 
 _WEEKDAYS = frozenset(("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"))
-_FIRST_ONLY = ("grep_file", "pdsh", "torchx")  # only as the first thing on the line
+_FIRST_ONLY = ("grep_file", "pdsh", "torchx")  # only as the first thing on the line (or after a wrapper)
+_WRAPPERS = frozenset(("kubectl", "compose", "markdown", "grep_file"))
 _NAMED = re.compile(r"\(\?P<\w+>")
 
 
@@ -359,7 +360,9 @@ def _read(line: str, ctx: StampContext) -> tuple[Head, tuple | None]:
             start = n - len(stripped)
             chain.append((rnd.regexes[k], rnd.appliers[k], start, start + m.end()))
         text = stripped[m.end():]
-        first = False
+        # A collector's wrapper (kubectl logs --prefix, docker compose, a quote, grep -H's file name) was
+        # added around the line after it was written: what follows it is still the line's own start.
+        first = first and k >= 0 and rnd.names[k] in _WRAPPERS
     head.message = text.lstrip(" ") if text is not line else text
     if chain is None:
         return head, None

@@ -284,6 +284,17 @@ def test_kubectl_s_pod_prefix_names_the_pod_and_the_prefixes_after_it_are_read()
     assert read_head("[pod] x", CTX).host is None
 
 
+@pytest.mark.parametrize("wrapper", ["[pod/trainer-worker-0/pytorch] ", "trainer-1  | ", "> "])
+def test_a_collector_s_wrapper_keeps_the_line_s_first_prefixes_first(wrapper):
+    # pdsh's host (DeepSpeed's multi-node runner, bigscience-workshop/Megatron-DeepSpeed#356) and TorchX's
+    # role/replica (NeMo-Run, NVIDIA/NeMo#14348) are read only as a line's first prefix: kubectl --prefix,
+    # docker compose and a quote are added around the line afterwards, so they do not count.
+    pdsh = read_head(wrapper + "c000001: FileNotFoundError: [Errno 2] No such file or directory: '/x_doc_idx.npy'", CTX)
+    assert (pdsh.host, pdsh.message) == ("c000001", "FileNotFoundError: [Errno 2] No such file or directory: '/x_doc_idx.npy'")
+    torchx = read_head(wrapper + "i.pretrain/0 [default2]:[rank2]: RuntimeError: Rank 2, node dcfai-xe9680-01", CTX)
+    assert (torchx.rank, torchx.message) == (2, "RuntimeError: Rank 2, node dcfai-xe9680-01")
+
+
 def test_a_pod_named_by_kubectl_is_placed_on_its_node():
     from firstfault.rules.engine import analyze_files
     from conftest import BASE_WORKLOAD
