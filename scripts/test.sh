@@ -31,11 +31,11 @@ fi
 .venv/bin/firstfault rules lint
 .venv/bin/firstfault rules test
 # Accuracy on real incidents (corpus/real), the samples and generated bundles, with floors. The floors
-# follow the corpus as blind rounds add cases the engine was not tuned on (657 cases: 0.929, recovery
-# 0.944). The confident-wrong ceiling is 2.5 %: the thirteen confident-wrong answers are all label
+# follow the corpus as blind rounds add cases the engine was not tuned on (697 cases: 0.931, recovery
+# 0.946). The confident-wrong ceiling is 2.5 %: the thirteen confident-wrong answers are all label
 # disputes (blind rounds whose label of a line disagrees with an earlier round's or the contract's
-# reading; corpus/README.md, tests/test_real_inputs.py LABELS_IN_DISPUTE); the --wrap measure (618
-# cases) fails at the sixteenth.
+# reading; corpus/README.md, tests/test_real_inputs.py LABELS_IN_DISPUTE); the --wrap measure (657
+# cases) fails at the seventeenth.
 .venv/bin/python bench/accuracy.py --min-accuracy 0.92 --max-confident-wrong 0.025 --min-recovery 0.94
 # ... and the same cases each wrapped in a minimal bundle (workload.json naming one node, logs under logs/app/)
 .venv/bin/python bench/accuracy.py --set corpus --wrap --min-accuracy 0.93 --max-confident-wrong 0.025

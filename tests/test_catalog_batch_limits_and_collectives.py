@@ -1,15 +1,16 @@
-"""What the ho18-ho26 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
+"""What the ho18-ho29 rounds changed, through the real engine: Horovod's and TensorFlow's own checks
 that ranks disagree on a collective, ENOSPC in Rust's io::Error words (safetensors), the memory limits
 of HTCondor and Moab, amdgpu's ring timeout (an AMD GPU hang), syslog stamps whose month is in
 the writer's locale (journalctl's %b); two frameworks' own end-of-training lines (Caffe, Megatron's
 test set); out-of-memory in cuBLAS's, TensorFlow's and XLA's words; torch.save's short write; a GPU
 driver older than the job's CUDA, printed below the exception it raised; Intel GPUs' device
-out-of-memory; an OOM re-raised from a replica; CUDA failing to start.
+out-of-memory; an OOM re-raised from a replica; CUDA failing to start; Ascend's HCCL errors.
 Patterns: rules/catalog/extract/runtime.yaml (horovod.mismatched_request, tf.collective_shape_mismatch,
 storage.rust_io_error, pbs.moab_resource_limit, condor.memory_limit_hold, run.completed.caffe,
 run.completed.megatron_test_set, tf.oom_allocating_tensor, xla.device_oom, xpu.device_out_of_memory),
 extract/app.yaml (cuda.library_alloc_failed, cuda.library_not_initialized, cuda.driver_too_old,
-torch.checkpoint_write_failed, torch.cuda_oom, torch.cuda_oom_rewrapped, cuda.init_unknown_error), extract/linux.yaml
+torch.checkpoint_write_failed, torch.cuda_oom, torch.cuda_oom_rewrapped, cuda.init_unknown_error,
+torch.hccl_error), extract/linux.yaml
 (linux.amdgpu.ring_timeout); EARLY: early/runtime.yaml (early.condor.memory_hold, early.pbs.memory),
 early/linux.yaml (early.linux.amdgpu_ring_timeout), early/app.yaml (early.cuda.driver_too_old); FINAL:
 final/identity.yaml (final.same.exception_message_below); prefixes: rules/prefixes.py (rfc3164_local) with
@@ -315,3 +316,23 @@ CUDA_UNKNOWN = ("RuntimeError: CUDA unknown error - this may be due to an incorr
 def test_cuda_failing_to_start_is_an_echo_not_a_bug_in_the_user_s_python():
     d = diag({"logs/app/pod-shell.txt": CUDA_UNKNOWN})
     assert d.status == "unattributed"
+
+
+# The ho29 round: Ascend NPUs' collective library (HCCL) as torch_npu reports it.
+# hiyouga/LlamaFactory#3839
+HCCL_BUSY = """RuntimeError: [ERROR] HCCL error in: torch_npu/csrc/distributed/ProcessGroupHCCL.cpp:64
+[ERROR] 2024-05-21-11:57:54 (PID:927000, Device:3, RankID:3) ERR02200 DIST call hccl api failed.
+EJ0001: 2024-05-21-11:57:54.167.645 Failed to initialize the HCCP process. Reason: Maybe the last training process is running.
+"""
+
+
+def test_an_hccl_failure_is_an_echo_and_cann_s_code_is_no_host():
+    d = diag({"logs/app/train.log": HCCL_BUSY}, start_time="2024-05-21T03:50:00Z", end_time="2024-05-21T04:00:00Z")
+    assert d.status == "unattributed"
+    assert "EJ0001" not in d.responsible_nodes + d.suspect_nodes
+
+
+def test_cann_s_error_code_is_not_read_as_a_pdsh_host():
+    head = read_head("EI0006: [PID: 1292363] 2025-04-08-18:07:20.444.436 Getting socket times out.", CTX)
+    assert head.host is None
+    assert read_head("c000001: FileNotFoundError: x", CTX).host == "c000001"
