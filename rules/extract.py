@@ -58,6 +58,7 @@ class HostResolver:
         self.nodes = set(workload.nodes)
         self.short = {n.split(".")[0]: n for n in workload.nodes}
         # Host names are case-insensitive (RFC 4343): srun's "Orion-01-01" is slurmstepd's "orion-01-01".
+        # (filled in reverse order: where two nodes differ only in case, the first in sorted order wins)
         self.folded = {n.lower(): n for n in sorted(workload.nodes, reverse=True)}
         self.short_folded = {k.lower(): v for k, v in sorted(self.short.items(), reverse=True)}
         self.pods = dict(workload.pods)

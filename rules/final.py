@@ -159,6 +159,12 @@ def _usable_timeout(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_MS
 
 
+def reporter_only(ev: Ev) -> bool:
+    """The report's host is the node that printed it about another (slurmstepd's cancellation banner
+    on a surviving node), not the node it is about: it names nothing to blame, drain or exclude."""
+    return ev.fields.get("host_basis") == "reporter"
+
+
 # ---------------------------------------------------------------- explains engine
 
 def _same_place(ctx: FinalContext, src: Ev, tgt: Ev) -> bool:

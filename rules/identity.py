@@ -12,7 +12,7 @@ on place (and the declared window either side, as far as the times' bases can te
 from __future__ import annotations
 
 from .early import holds
-from .final import Edge, FinalContext, same_place
+from .final import Edge, FinalContext, reporter_only, same_place
 from .model import Ev
 from .order import root_order, within
 
@@ -76,7 +76,7 @@ def _message_below(exc: Ev, report: Ev) -> bool:
 def _known_host(ev: Ev) -> str | None:
     """The host a line names (or its file or the job's one node), not the rank-placement guess nor the
     node that only reported it (host_basis "reporter": a cancellation banner's printing node)."""
-    return None if ev.fields.get("host_basis") in ("rank_placement", "reporter") else ev.host
+    return None if ev.fields.get("host_basis") == "rank_placement" or reporter_only(ev) else ev.host
 
 
 def _lone_host(reports: list[Ev]) -> str | None:

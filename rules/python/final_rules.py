@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ..bundle import source_of
 from ..early import render
-from ..final import FinalContext, coverage, reachable, run_explains
+from ..final import FinalContext, coverage, reachable, reporter_only, run_explains
 from ..identity import fold_identities
 from ..model import Ev
 from ..order import POINT, first_cause, placed, root_order
@@ -831,12 +831,6 @@ def responsible(ctx: FinalContext) -> list[str]:
     if ctx.chosen[0].domain == "scheduler":
         return []
     return sorted({r.host for r in ctx.chosen if r.host and not reporter_only(r)})
-
-
-def reporter_only(ev: Ev) -> bool:
-    """The report's host is the node that printed it about another (slurmstepd's cancellation banner
-    on a surviving node), not the node it is about: it names nothing to blame, drain or exclude."""
-    return ev.fields.get("host_basis") == "reporter"
 
 
 @final_rule(
