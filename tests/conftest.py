@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from firstfault.rules.engine import analyze_files
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
 
@@ -47,6 +49,11 @@ BASE_WORKLOAD = {
     "start_time": "2026-11-02T09:58:00Z", "end_time": "2026-11-02T10:21:14Z",
     "nodes": ["node-01", "node-02", "node-03", "node-04"], "gpus_per_node": 8,
 }
+
+
+def diag(files: dict[str, str], **wl):
+    """The diagnosis of ``files`` (bundle path -> text) under BASE_WORKLOAD with ``wl``'s fields changed."""
+    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 @contextlib.contextmanager

@@ -5,13 +5,8 @@ ff, IOR/mdtest failing a call with a storage errno, and an alert quoting a kerne
 Patterns: rules/catalog/extract/runtime.yaml (run.completed.mlperf, skypilot.cluster_preempted,
 ior.errno_error), extract/nvidia.yaml (gpud.xid_health, lspci.nvidia_gpu_rev_ff, nvidia.xid's
 syslog_host); EARLY: early/nvidia.yaml (early.nvidia.gpu_unresponsive_on_pcie)."""
-from firstfault.rules.engine import analyze_files
 
-from conftest import BASE_WORKLOAD
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
+from conftest import diag
 
 
 # mlcommons/training_results_v2.0 (Azure rnnt result_0.txt): SHArP's and NCCL's start-up errors,

@@ -1,9 +1,8 @@
 """AWS's NCCL network plugin (extract/aws_ofi_nccl.yaml, early/aws_ofi_nccl.yaml) through the real
 engine: an EFA completion error is an echo, as an InfiniBand completion error is; the plugin's
 start-up failures, after which NCCL falls back to another transport, are not a cause."""
-from firstfault.rules.engine import analyze_files
 
-from conftest import BASE_WORKLOAD
+from conftest import diag
 
 # NVIDIA/nccl#1928 (the Last error: echo of a v1.16-v1.18 line); gnosia93/training-on-eks (v1.16+ with
 # libfabric's peer text); aws/aws-ofi-nccl#156 (v1.3-v1.9 wording).
@@ -13,10 +12,6 @@ COMPLETION = ("[2026-11-02 10:05:02] node-02:194:710 [0] int cm_req_handle_error
               "fi_addr_efa://[fe80::c55:2eff:fe44:db5]:0:142160333 My host id: i-07792e0f955a9673b Peer EFA addr: "
               "fi_addr_efa://[fe80::454:14ff:fedd:d5b3]:0:825957744 Peer host id: N/A). Completed length: 0\n")
 XID79 = "Nov  2 10:03:11 node-03 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 def test_an_efa_completion_error_alone_is_weak_evidence():

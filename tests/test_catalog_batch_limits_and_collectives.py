@@ -17,14 +17,9 @@ final/identity.yaml (final.same.exception_message_below); prefixes: rules/prefix
 rules/stamps.py (LOCAL_MONTHS, glibc's abmon)."""
 from datetime import datetime, timezone
 
-from firstfault.rules.engine import analyze_files
 from firstfault.rules.prefixes import StampContext, read_head
 
-from conftest import BASE_WORKLOAD
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
+from conftest import diag
 
 
 # horovod/horovod#398: one node's TensorFlow had no GPU support

@@ -3,9 +3,8 @@ run onto the same line, PyTorch's legacy serializer failing a read, TensorFlow's
 Slurm's GPU accounting losing a GPU. Patterns: rules/catalog/extract/app.yaml (cuda.runtime_error,
 cuda.watchdog_cuda_error, torch.checkpoint_write_failed), extract/runtime.yaml (tf.checkpoint_save_failed),
 extract/nvml.yaml (nvml.slurm_gpu_lost)."""
-from firstfault.rules.engine import analyze_files
 
-from conftest import BASE_WORKLOAD
+from conftest import diag
 
 # c10/cuda/CUDAException.cpp: the error string, get_cuda_error_help's "Search for ..." and
 # get_cuda_check_suffix's sentences, each on its own line as PyTorch prints them; a paste that lost
@@ -13,10 +12,6 @@ from conftest import BASE_WORKLOAD
 HELP = ("Search for `{code}' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information. "
         "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect. "
         "For debugging consider passing CUDA_LAUNCH_BLOCKING=1 Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 def test_a_run_together_ecc_error_is_the_gpu_s_memory_not_a_device_side_assert():

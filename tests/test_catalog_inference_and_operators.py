@@ -8,13 +8,8 @@ rules/catalog/extract/app.yaml (cuda.runtime_error_in_oom, cuda.check_macro_fail
 (linux.amdgpu.ras_uncorrectable); EARLY: early/app.yaml (early.cuda.peer_access_unsupported),
 launchers.yaml (early.launch.mpi_daemon_lost_node), linux.yaml (early.linux.amdgpu_ras_uncorrectable);
 prefixes: rules/prefixes.py (torchx); FINAL: final.completed_in_lines."""
-from firstfault.rules.engine import analyze_files
 
-from conftest import BASE_WORKLOAD
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
+from conftest import diag
 
 
 # NVIDIA/TensorRT-LLM#498

@@ -1,8 +1,7 @@
 """Launchers (mpirun/ORTE, ssh as launchers run it, pdsh, horovodrun, DeepSpeed, Ray, torchrun):
 real-format lines through the real engine (extract/launchers.yaml, early/launchers.yaml)."""
-from firstfault.rules.engine import analyze_files
 
-from conftest import BASE_WORKLOAD
+from conftest import diag
 
 ORTE_DAEMONS = """--------------------------------------------------------------------------
 ORTE was unable to reliably start one or more daemons.
@@ -18,10 +17,6 @@ Primary job  terminated normally, but 1 process returned
 a non-zero exit code. Per user-direction, the job has been aborted.
 -------------------------------------------------------
 """
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 def test_ssh_cannot_resolve_a_worker_is_a_launch_failure_not_unattributed():

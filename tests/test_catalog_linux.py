@@ -4,9 +4,9 @@ the enumeration of sites: rules/emitters/linux.yaml (checked with the others in 
 
 import pytest
 
-from firstfault.rules.engine import analyze_files, analyze_path
+from firstfault.rules.engine import analyze_path
 
-from conftest import BASE_WORKLOAD
+from conftest import diag
 
 WD = ("{rank}: [rank{rank}]:[E1102 {t} ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation timeout: "
       "WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for {ran} milliseconds before timing out.")
@@ -19,10 +19,6 @@ def wd_file(ranks, t="10:13:12.044871", ran=600054):
 def kern(host, *lines):
     """Syslog lines of ``host``'s kernel, (hh:mm:ss, message) each."""
     return "".join(f"Nov  2 {t} {host} kernel: {msg}\n" for t, msg in lines)
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 def hang_with(syslog_node02):

@@ -3,9 +3,8 @@
 Lines are in the formats the software prints (nvidia-smi, pynvml, DCGM's dcgm_errors.h, PyTorch
 on ROCm); the scenarios check what may and may not be concluded from them.
 """
-from firstfault.rules.engine import analyze_files
 
-from conftest import BASE_WORKLOAD
+from conftest import diag
 
 XID79 = "Nov  2 {t} {host} kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 WD = ("{rank}: [rank{rank}]:[E1102 {t} ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation timeout: "
@@ -17,10 +16,6 @@ SMI_UNKNOWN = "Unable to determine the device handle for GPU0000:1B:00.0: Unknow
 
 def wd_file(ranks, t="10:13:12.044871", ran=600054):
     return "\n".join(WD.format(rank=r, t=t, ran=ran) for r in ranks) + "\n"
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 def test_nvidia_smi_gpu_is_lost_alone_is_a_weak_bus_loss_that_does_not_drain():

@@ -3,13 +3,8 @@
 milliseconds, and CUDA's "all CUDA-capable devices are busy or unavailable" read as echo evidence.
 Patterns: rules/catalog/extract/runtime.yaml (pbs.moab_wallclock), extract/app.yaml
 (torch.store_connect_failed); EARLY: early/app.yaml (early.cuda.device_unavailable)."""
-from firstfault.rules.engine import analyze_files
 
-from conftest import BASE_WORKLOAD
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
+from conftest import diag
 
 
 # CoBrALab/MAGeTbrain#20: the job's mail

@@ -3,20 +3,13 @@
 roles: rules/catalog/early/schedulers.yaml; the enumeration of sites: rules/emitters/slurm.yaml and
 rules/emitters/kubernetes.yaml."""
 import pytest
-import yaml
 
-from firstfault.rules.engine import analyze_files
-
-from conftest import BASE_WORKLOAD
+from conftest import diag
 
 TRAIN = "0: [2026-11-02 10:02:00,000] INFO step 1200 loss 2.3411\n"
 XID79 = ("Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, "
          "GPU has fallen off the bus.\n")
 K8S = {"scheduler": "kubernetes", "workload_id": "pytorchjob-bert"}
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 # ------------------------------------------------------------------ Slurm: memory enforcement

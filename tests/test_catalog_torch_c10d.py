@@ -2,9 +2,8 @@
 engine. Patterns: rules/catalog/extract/torch_c10d.yaml; roles: rules/catalog/early/torch_c10d.yaml;
 the enumeration of sites: rules/emitters/torch_c10d.yaml."""
 
-from firstfault.rules.engine import analyze_files
 
-from conftest import BASE_WORKLOAD
+from conftest import diag
 
 WD = ("{rank}: [rank{rank}]:[E1102 {t} ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation timeout: "
       "WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for {ran} milliseconds before timing out.")
@@ -27,10 +26,6 @@ def wd_file(ranks, t="10:13:12.044871", ran=600054):
 
 def lines(template, ranks):
     return "\n".join(template.format(rank=r) for r in ranks) + "\n"
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 def test_gloo_interface_without_address_is_a_config_error_never_drained():

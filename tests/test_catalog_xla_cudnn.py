@@ -7,13 +7,9 @@ storage.nfs_mount_unreachable), extract/app.yaml (nccl.error_invalid_argument,
 cuda.cudnn_execution_failed); EARLY: early/app.yaml (early.python.conda_shell_not_initialized)."""
 from pathlib import Path
 
-from firstfault.rules.engine import analyze_files, analyze_path
+from firstfault.rules.engine import analyze_path
 
-from conftest import BASE_WORKLOAD
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
+from conftest import diag
 
 
 # LargeWorldModel/LWM#44: openxla/xla's nccl_stub.cc answers ncclGetErrorString this way when libnccl

@@ -1,16 +1,14 @@
 """Root-cause choice is causal: scenarios built from real message formats."""
 import json
 
-import pytest
-
 from firstfault.rules.catalog import load_catalog
-from firstfault.rules.engine import analyze_files, analyze_path
+from firstfault.rules.engine import analyze_path
 from firstfault.rules.ruletest import extract_one
 from firstfault.rules.early import run_early
 from firstfault.rules.diagnose import scheduler_event
 from firstfault.schemas import WorkloadRecord
 
-from conftest import BASE_WORKLOAD
+from conftest import diag
 
 XID79 = "Nov  2 {t} {host} kernel: NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 WD = ("{rank}: [rank{rank}]:[E1102 {t} ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught collective operation timeout: "
@@ -19,10 +17,6 @@ WD = ("{rank}: [rank{rank}]:[E1102 {t} ProcessGroupNCCL.cpp:632] [Rank {rank}] W
 
 def wd_file(ranks, t="10:13:12.044871", ran=600054):
     return "\n".join(WD.format(rank=r, t=t, ran=ran) for r in ranks) + "\n"
-
-
-def diag(files, **wl):
-    return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
 
 
 def test_fault_explains_the_cascade_across_skewed_clocks():
