@@ -139,6 +139,8 @@ class ExplainsRule:
     # explains: source caused target (time decides the order). same_fault: one physical fault
     # reported by two layers (driver and CUDA); refines: a finer decode of the same family. The
     # last two are order-free (window_s either side) and fold the target into the source's candidate.
+    # clears: the source, logged after the target's last report (within window_s), says its fault
+    # cleared (a port back up): the target is weak evidence then (rules/clears.py).
     relation: str = "explains"
     references: tuple[str, ...] = ()
 
@@ -500,6 +502,9 @@ IDENTITY = ("same_fault", "refines")
 # message_below: the target is an exception line whose message goes on below it; the source is the
 # report on the line after it in the same file (rules/identity.py)
 IDENTITY_JOINS = ("same_gpu", "same_host", "message_below")
+# A fault that cleared: the report that it did must be about the same place (rules/clears.py).
+CLEARS = "clears"
+CLEARS_JOINS = ("same_gpu", "same_host")
 EQUAL_KEYS = ("kind", "source", "host", "gpu_index", "rank", "domain", "sub_domain")
 
 
@@ -510,11 +515,13 @@ def _explains(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], 
         return None
     errs.keys(file, rid, item, known_keys.FINAL)
     join = item.get("join")
-    allowed = IDENTITY_JOINS if relation in IDENTITY else JOINS
+    allowed = IDENTITY_JOINS if relation in IDENTITY else CLEARS_JOINS if relation == CLEARS else JOINS
     if join not in allowed:
         errs.add(file, rid, f"join must be one of {', '.join(allowed)}")
     refs = item.get("references") or []
-    if relation in IDENTITY and (not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs)):
+    if relation == CLEARS and item.get("before_s") is not None:
+        errs.add(file, rid, "a clears relation's source comes after its target: before_s is not used")
+    if relation in (*IDENTITY, CLEARS) and (not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs)):
         errs.add(file, rid, f"a {relation} relation names its sources: references must list them")
         refs = []
     if relation in IDENTITY and item.get("before_s") is not None:
@@ -618,7 +625,7 @@ def _build(files: Mapping[str, Path], root: str, strict: bool,
                 if (r := _early(item, rel, errs, ids, lists, taxonomy)) is not None:
                     early.append(r)
         else:
-            for relation in ("explains",) + IDENTITY:
+            for relation in ("explains", *IDENTITY, CLEARS):
                 for item in _entries(doc, relation, rel, errs):
                     if (r := _explains(item, rel, errs, ids, lists, relation)) is not None:
                         explains.append(r)

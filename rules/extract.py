@@ -306,7 +306,12 @@ class Extractor:
 
     # ------------------------------------------------------------ one line
     def read_line(self, path: str, source: str, file_host: str | None, ctx: StampContext,
-                  line_no: int, raw: bytes, anchor_ids: Iterable[int], above, stats: ExtractStats) -> Ev | None:
+                  line_no: int, raw: bytes, anchor_ids: Iterable[int], above, stats: ExtractStats,
+                  remember_only: bool = False) -> Ev | None:
+        """The line's event (None: no pattern matched, or FOLDED). ``remember_only``: a line read again
+        for context (a stream worker taking a partition over re-reads the lines before its offset):
+        what it says of the lines below it (``Pattern.scope``, a stated time) is kept, and no event is
+        made, so the lines after it are read as one reader would."""
         truncated = len(raw) > MAX_LINE
         if truncated:
             raw = raw[:MAX_LINE]
@@ -323,8 +328,10 @@ class Extractor:
             data = zeroed = None
         found = self._match(self._candidates(frozenset(anchor_ids), source), message, data, zeroed)
         if found is not None:
-            pat, spans, base = found
+            pat, spans, data = found
+            base = None
             if pat.scope:
+                base = self._memo.plan(pat).fields(message, data, spans)
                 self._set_scope(path, pat, base)
             if head.stamp is None and head.quality != "order_only" and above is not None:
                 if isinstance(above, _Above):
@@ -335,13 +342,14 @@ class Extractor:
             if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
                 # A report's field (kubectl describe's "Finished:") dates its record above it, not the
                 # lines below: only a log line's stated time bounds what follows it.
-                m = _Spans(message, data if data is not None else message.encode("utf-8", "surrogatepass"),
-                           spans, pat.regex)
+                m = _Spans(message, data, spans, pat.regex)
                 if _own_stamp(head, m.group_text(pat.stamp_field), ctx) and not pat.dates_above:
                     self._note_stated(path, line_no, head.stamp)
-            return self._event(found, head, path, source, file_host, line_no, text, damaged,
-                               above.events if isinstance(above, _Above) else None)
-        if damaged:
+            if remember_only:
+                return None
+            return self._event(pat, spans, message, data, base, head, path, source, file_host, line_no, text,
+                               damaged, above.events if isinstance(above, _Above) else None)
+        if damaged and not remember_only:
             stats.unparsed += 1
             if len(stats.unparsed_refs) < 10:
                 stats.unparsed_refs.append((path, line_no))
@@ -391,9 +399,9 @@ class Extractor:
     def _match(self, candidates: _Candidates, message: str, data: bytes | None = None,
                zeroed: bytes | None = None) -> _Found | None:
         """The first of the candidates (priority order) whose regex matches ``message``: the pattern,
-        its match (as the groups' spans on the message's UTF-8) and its fields (constants and typed
-        groups). ``data``, ``zeroed``: the message's UTF-8 and that with its digits as "0", when the
-        caller has them.
+        its match (as the groups' spans on the message's UTF-8) and that UTF-8 (the fields are read
+        off them by _Plan, only as far as they are needed). ``data``, ``zeroed``: the message's UTF-8
+        and that with its digits as "0", when the caller has them.
 
         A message alike but for its digits to one seen before matches alike (digit-blind patterns,
         ``regex.digit_blind``): the outcome (which pattern, the groups' offsets) is remembered under
@@ -418,18 +426,25 @@ class Extractor:
                 outcomes[key] = None if spans is None else (k, spans)
             if spans is None:
                 return None
-        pat = candidates.patterns[k]
-        return pat, spans, self._memo.plan(pat).fields(message, data, spans)
+        return candidates.patterns[k], spans, data
 
-    def _event(self, found: _Found, head: Head, path: str, source: str, file_host: str | None,
+    def _event(self, pat: Pattern, spans: list[tuple[int, int]], message: str, data: bytes,
+               base: dict[str, Any] | None, head: Head, path: str, source: str, file_host: str | None,
                line_no: int, text: str, damaged: bool, into: EventSet | None = None) -> Ev:
         """The line's event; with ``into``, a repeat of an event already there is folded into it
-        instead (most lines of a cascade) and FOLDED comes back."""
-        pat, _, base = found
-        plan = self._memo.plans[pat.id]
-        # ``base`` is this line's own (built by _match). Lookups read the pattern's fields; the line's
-        # additions come in only for an event that is kept, unless a lookup names one (plan.plain).
-        fields: dict[str, Any] = base if plan.plain else _line_fields(base, head, damaged)
+        instead (most lines of a cascade) and FOLDED comes back. ``base``: the pattern's fields of
+        this line when the caller read them already (``_Plan.fields``)."""
+        plan = self._memo.plan(pat)
+        scope = self._scopes.get(path)
+        # Lookups read the pattern's fields; the line's additions come in only for an event that is
+        # kept, unless a lookup names one (plan.plain). Until the event is kept only the fields the
+        # lookups name are read (plan.lookup): a folded repeat never needs the rest.
+        lazy = base is None and plan.lazy and not scope
+        if base is None and not lazy:
+            base = plan.fields(message, data, spans)
+        fields: dict[str, Any] = plan.lookup(message, data, spans) if lazy else base
+        if not plan.plain:
+            fields = _line_fields(fields, head, damaged)
         if source in (MIXED, "app") and source not in pat.sources:
             source = plan.console_source          # a pasted kernel line in a console log is still a kernel line
         rank = head.rank
@@ -451,7 +466,6 @@ class Extractor:
             host = file_host
         if host is None and head.host:
             host = self.hosts.node(head.host)
-        scope = self._scopes.get(path)
         if scope:
             # A report's lines (kubectl describe) are about its object, on its node.
             if host is None:
@@ -481,8 +495,8 @@ class Extractor:
         signature = f"{plan.head}\x1f{source}\x1f{host or ''}\x1f{pci or ''}\x1f{rank_key}{plan.group(fields)}"
         if into is not None and into.fold(signature, head.stamp, onset, rank, path, line_no):
             return FOLDED
-        if plan.plain:
-            fields = _line_fields(base, head, damaged)
+        if lazy or plan.plain:
+            fields = _line_fields(plan.fields(message, data, spans) if lazy else fields, head, damaged)
             if by_block:
                 fields["host_basis"] = "rank_placement"
         return Ev(kind=pat.kind, pattern=pat.id, source=source, path=path, line=line_no,
@@ -526,7 +540,7 @@ def _line_fields(fields: dict[str, Any], head: Head, damaged: bool) -> dict[str,
 class _Plan:
     """What a pattern's events need, worked out once per pattern instead of once per line."""
 
-    __slots__ = ("pat", "head", "console_source", "plain", "_group_by", "_values", "_groups")
+    __slots__ = ("pat", "head", "console_source", "plain", "lazy", "_group_by", "_values", "_groups", "_looked")
 
     def __init__(self, pat: Pattern) -> None:
         self.pat = pat
@@ -538,15 +552,27 @@ class _Plan:
                              for name, i in pat.regex.names)
         self._values = itemgetter(*pat.group_by) if len(pat.group_by) > 1 else None
         # No lookup of _event names a field the line adds: the pattern's fields answer them all.
-        named = {pat.rank_field, pat.host_field, pat.gpu_field, pat.onset_field, *pat.group_by}
+        named = {pat.rank_field, pat.host_field, pat.pod_field, pat.gpu_field, pat.onset_field, *pat.group_by}
         self.plain = not named & LINE_ADDS
+        # The groups those lookups name (lookup): fewer than all, and a folded repeat reads only them.
+        self._looked = tuple(g for g in self._groups if g[0] in named)
+        self.lazy = len(self._looked) < len(self._groups)
 
     def fields(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> dict[str, Any]:
         """The pattern's constants and typed groups (read off ``spans``, the regex's on ``data``, the
         UTF-8 of ``text``), in the order events carry them."""
+        return self._read(text, data, spans, self._groups)
+
+    def lookup(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> dict[str, Any]:
+        """``fields`` as far as _event's lookups read them (each named group; constants all): the
+        same value for each of those names."""
+        return self._read(text, data, spans, self._looked)
+
+    def _read(self, text: str, data: bytes, spans: list[tuple[int, int]],
+              groups: tuple[tuple[str, int, Any], ...]) -> dict[str, Any]:
         fields: dict[str, Any] = dict(self.pat.constants)
         ascii_ = len(data) == len(text)         # byte offsets are character offsets
-        for name, i, typ in self._groups:
+        for name, i, typ in groups:
             start, end = spans[i]
             if start < 0:
                 fields.setdefault(name, None)
@@ -598,7 +624,7 @@ class _Spans:
         return self.regex.match_of(self.text, self.data, self.spans).groupdict().get(name)
 
 
-_Found = tuple[Pattern, list[tuple[int, int]], dict[str, Any]]
+_Found = tuple[Pattern, list[tuple[int, int]], bytes]      # the pattern, its groups' spans, the message's UTF-8
 _UNSEEN = object()
 LINE_ADDS = frozenset({"damaged_line", "uptime_s", "pid_prefix", "cuda_dev", "host_basis"})    # see _line_fields
 _ZEROS = bytes.maketrans(b"0123456789", b"0000000000")

@@ -11,6 +11,7 @@ on place (and the declared window either side, as far as the times' bases can te
 """
 from __future__ import annotations
 
+from .catalog import IDENTITY
 from .early import holds
 from .final import Edge, FinalContext, reporter_only, same_place
 from .model import Ev
@@ -21,7 +22,7 @@ def fold_identities(ctx: FinalContext) -> None:
     """Apply the identity relations in priority order; record a step per relation that folded."""
     roots = sorted(ctx.roots, key=root_order)
     for rule in ctx.catalog.explains:
-        if rule.relation == "explains":
+        if rule.relation not in IDENTITY:
             continue
         sources = [r for r in roots if holds(rule.source, r)]
         if not sources:

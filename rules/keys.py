@@ -27,7 +27,7 @@ SCENARIO = frozenset({"files", "workload"})
 # The top level of a file, by the folder it sits in (lists are shared by every file).
 TOP = {"extract/": frozenset({"patterns", "lists"}),
        "early/": frozenset({"rules", "lists"}),
-       "final/": frozenset({"explains", "same_fault", "refines", "settings", "lists"})}
+       "final/": frozenset({"explains", "same_fault", "refines", "clears", "settings", "lists"})}
 
 
 def unknown(keys: Iterable[object], known: Collection[str]) -> list[str]:

@@ -454,8 +454,24 @@ def _dmesg_ctime(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     return True
 
 
+# A bracketed "[seconds.micros]" this large is no uptime (31 years) but the epoch: UCX stamps its log
+# lines with gettimeofday() as "[%lu.%06lu]" (openucx/ucx src/ucs/debug/log.c UCS_LOG_TIME_FMT).
+_EPOCH_MIN_S = 1_000_000_000
+
+
 def _dmesg_uptime(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
-    head.uptime = float(m["up"])
+    up = float(m["up"])
+    if up >= _EPOCH_MIN_S:
+        if head.stamp is None:
+            sec, _, frac = m["up"].partition(".")
+            try:        # whole seconds and micros apart: a float this large loses the last digit
+                stamp = datetime.fromtimestamp(int(sec), timezone.utc).replace(microsecond=int((frac + "000000")[:6]))
+            except (OverflowError, OSError, ValueError):      # past datetime's range: no time
+                head.quality = "order_only"
+            else:
+                head.stamp, head.quality = stamp, "exact"
+        return True
+    head.uptime = up
     if head.stamp is None:
         anchored = from_uptime(ctx.boot, head.uptime)
         head.stamp, head.quality = (anchored, "uptime") if anchored else (None, "order_only")

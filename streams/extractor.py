@@ -284,11 +284,28 @@ class ExtractorCore:
                 continue
             key = _mem_key(rec)
             try:
+                hits = self.prefilter.scan(line_bytes(rec)).get(0)
                 if not rec.workload_id:
-                    self._remember(rec, ts_ms, now, candidate=bool(self.prefilter.scan(line_bytes(rec))))
+                    self._remember(rec, ts_ms, now, candidate=bool(hits))
+                if hits:
+                    self._remember_scope(rec, ts_ms, hits)
             except Exception:                    # context only: a line it cannot read is just not remembered
                 continue
             self.memory.add(key, rec.line, rec.text)
+
+    def _remember_scope(self, rec: RawLine, ts_ms: int, anchor_ids) -> None:
+        """What a context line says of the lines below it in its file (srun's tear-down, kubectl
+        describe's object, a stated time), kept in its workloads' extractors without an event."""
+        allocs = self.route(rec, ts_ms)
+        if not allocs:
+            return
+        raw = line_bytes(rec)
+        source = rec.source or source_of(rec.path) or "app"
+        for alloc in allocs:
+            ex = self.extractor_for(alloc)
+            file_host = ex.hosts.file_host(rec.path, source)
+            ex.read_line(rec.path, source, file_host, ex.context(file_host, rec.path), rec.line, raw, anchor_ids,
+                         lambda r=rec: self.memory.above(_mem_key(r), r.line), ExtractStats(), remember_only=True)
 
     def _scan(self, encoded: list[bytes]) -> list:
         """Prefilter hits per line (anchor ids or None); False for a line the prefilter raised on."""

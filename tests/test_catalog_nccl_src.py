@@ -161,3 +161,25 @@ def test_socket_truncation_hedges_on_the_network_and_is_not_a_mismatch():
         "receiving 1048576 bytes instead of 65536. If you believe your socket network is in a healthy state, there may be a "
         "mismatch in collective sizes or environment settings (e.g. NCCL_PROTO, NCCL_ALGO) between ranks\n")})
     assert d.sub_domain != "collective_mismatch"
+
+
+# ncclNetInit (src/net.cc, NCCL 2.18-2.23): NCCL_NET names a network no loaded plugin provides.
+GIB_POD = "rickruguichen-serving-deepseek-r1-model-serving-5d74c6754cq79gp"
+
+
+def test_a_network_nccl_net_names_that_is_not_there_is_the_jobs_configuration():
+    # GoogleCloudPlatform/container-engine-accelerators#414: the gIB plugin failed to load (GLIBC_2.32 not found)
+    text = (f"{GIB_POD}:556:556 [1] NCCL INFO NET/Plugin: Plugin load returned 2 : /lib/x86_64-linux-gnu/libc.so.6: "
+            "version `GLIBC_2.32' not found (required by /usr/local/nvidia/lib64/libnccl-net.so) : when loading libnccl-net.so\n"
+            f"{GIB_POD}:556:556 [1] NCCL INFO NET/Plugin: Using internal network plugin.\n"
+            f"{GIB_POD}:560:560 [4] net.cc:579 NCCL WARN Error: network gIB not found.\n"
+            f"{GIB_POD}:560:560 [4] NCCL INFO init.cc:321 -> 5\n")
+    d = diag({"logs/app/pod.log": text}, nodes=[GIB_POD])
+    assert (d.status, d.sub_domain) == ("attributed", "nccl_config_error")
+    assert d.recovery.action == "notify_owner" and d.recovery.nodes == []
+
+
+def test_falling_back_to_the_internal_plugin_alone_is_no_failure_cause():
+    text = f"{GIB_POD}:556:556 [1] NCCL INFO NET/Plugin: Using internal network plugin.\n"
+    d = diag({"logs/app/pod.log": text}, nodes=[GIB_POD])
+    assert d.status != "attributed"

@@ -189,3 +189,19 @@ def test_the_banner_of_a_scancel_is_still_a_person_cancelling(tmp_path):
 def test_lsf_and_pbs_say_why_they_ended_the_job(line, sub_domain):
     d = diag({"logs/app/job.out": TRAIN + line + "\n"}, nodes=["node-01"])
     assert (d.status, d.sub_domain) == ("attributed", sub_domain)
+
+
+def test_a_kueue_preemption_folded_by_kubectl_yaml_is_still_a_preemption():
+    # kubernetes-sigs/kueue#7350: the workload's Evicted condition as `kubectl get workload -o yaml` prints it
+    text = """  - lastTransitionTime: "2025-10-23T06:33:18Z"
+   message: 'Preempted to accommodate a workload (UID: 9f542104-a9e2-4344-ad2e-9c136204da18,
+    JobUID: a20d0a6a-64a3-46ce-9b95-8cfb3bf6e675) due to prioritization in the
+    ClusterQueue'
+   observedGeneration: 1
+   reason: Preempted
+   status: "True"
+   type: Evicted
+"""
+    d = diag({"logs/app/workload.yaml": text})
+    assert (d.status, d.sub_domain) == ("attributed", "preempted")
+    assert d.recovery.nodes == []

@@ -94,6 +94,20 @@ def test_dmesg_uptime_is_anchored_on_boot_time_or_order_only():
     assert unanchored.stamp is None and unanchored.quality == "order_only" and unanchored.uptime == 3600.5
 
 
+def test_a_bracketed_epoch_is_a_stamp_not_an_uptime():
+    # UCX's gettimeofday() stamp "[%lu.%06lu]" (openucx/ucx src/ucs/debug/log.c), as posted in a real log:
+    # 31 years is no host's uptime
+    line = ("[1594407135.546337] [k69a05298:117  :0]          ib_md.c:1933 UCX  ERROR ibv_open_device(mlx5_9) "
+            "failed: No such file or directory")
+    head = read_head(line, CTX)
+    assert iso_z(head.stamp) == "2020-07-10T18:52:15.546337Z" and head.quality == "exact"
+    assert head.uptime is None
+    assert head.message.startswith("[k69a05298:117  :0]")
+    # a long-running host's dmesg stays an uptime (ten years of seconds)
+    long_up = read_head("[315360000.000001] NVRM: Xid", CTX)
+    assert long_up.uptime == 315360000.000001 and long_up.stamp is None
+
+
 @pytest.mark.parametrize("line, message, rank, host, stamp", [
     # Horovod's gloo runner (horovod#1797's posted log), with and without its ctime
     ("[0]<stderr>:RuntimeError: boom", "RuntimeError: boom", 0, None, None),

@@ -166,6 +166,9 @@ RECOVERY_GAPS = {
         "evidence of the host (a driver or a load can cause it): the node is excluded from the rerun, not drained",
     "hw-nodedied-raytrainworker-43751": "the dead node's IP is on the RayActorError line above 'its node has "
                                         "died'; the engine does not join the two, so it names no node to exclude",
+    "ho37-nccltests-802-system-not-initialized": "the label's low confidence turns the nvswitch_fatal drain into an "
+        "exclusion; the engine reads CUDA 802 on its host as the earlier medium-confidence label of the same line "
+        "does (ho10-gpu-fm-not-ready-802-h100x8-nccltests-264: drain_nodes): the fabric is down on that node",
 }
 NODE_ACTIONS = ("drain_nodes", "retry_excluding_nodes")
 # Blind labels that disagree with an earlier round's label of the same kind of line (or with the contract's

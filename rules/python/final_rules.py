@@ -13,6 +13,7 @@ from typing import NamedTuple
 from ..bundle import source_of
 from ..early import render
 from ..final import FinalContext, coverage, reachable, reporter_only, run_explains
+from ..clears import apply_clears
 from ..identity import fold_identities
 from ..model import Ev
 from ..order import POINT, first_cause, placed, root_order
@@ -419,6 +420,30 @@ def explains(ctx: FinalContext) -> None:
     run_explains(ctx)
     if ctx.edges:
         ctx.step("final.explains", "edges", [], edges=len(ctx.edges), demoted_roots=len(ctx.explained_by))
+
+
+# mghpcc/aicr-benchmarks@9fd27bd2:Benchmark_WG/pytorch-training/rtx_pro_6000/resnet152/logs/bench_1node_17462.out
+_PORT_ERR = ("[2026-05-11 18:22:08] a0007:68265:68340 [0] transport/net_ib.cc:253 NCCL WARN NET/IB : "
+             "mlx5_3:1 Got non-fatal async event: port error(10)")
+_PORT_UP = ("[2026-05-11 18:28:14] a0007:68264:68328 [0] transport/net_ib.cc:253 NCCL WARN NET/IB : "
+            "mlx5_3:1 Got non-fatal async event: port active(9)")
+_A0007 = {"nodes": ["a0007"], "start_time": "2026-05-11T18:18:00Z", "end_time": "2026-05-11T18:40:00Z"}
+
+
+@final_rule(
+    id="final.cleared", priority=590, title="A fault that cleared is weak evidence",
+    description="Applies the catalog's clears relations (rules/catalog/final/clears.yaml) after the explains "
+                "rules: a root report that explains nothing and is followed on its host, after its last occurrence, "
+                "by a report that the fault cleared (an HCA port back to active) becomes weak evidence: alone it "
+                "names a suspect, never a node to drain or exclude.",
+    examples={"fires": [_scenario({"logs/app/a0007.log": _PORT_ERR + "\n" + _PORT_UP}, **_A0007)],
+              "quiet": [_scenario({"logs/app/a0007.log": _PORT_ERR}, **_A0007),
+                        _scenario({"logs/app/a0007.log": _PORT_UP}, **_A0007)]},
+)
+def cleared(ctx: FinalContext) -> None:
+    count = apply_clears(ctx)
+    if count:
+        ctx.step("final.cleared", "weaken", [], reports=count)
 
 
 @final_rule(
