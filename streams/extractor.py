@@ -287,10 +287,13 @@ class ExtractorCore:
                 hits = self.prefilter.scan(line_bytes(rec)).get(0)
                 if not rec.workload_id:
                     self._remember(rec, ts_ms, now, candidate=bool(hits))
-                if hits:
-                    self._remember_scope(rec, ts_ms, hits)
             except Exception:                    # context only: a line it cannot read is just not remembered
                 continue
+            if hits:
+                try:
+                    self._remember_scope(rec, ts_ms, hits)
+                except Exception:                # its scope is lost, never the line above the next ones
+                    log.debug("context line %s:%s not read for its scope", rec.path, rec.line, exc_info=True)
             self.memory.add(key, rec.line, rec.text)
 
     def _remember_scope(self, rec: RawLine, ts_ms: int, anchor_ids) -> None:

@@ -120,3 +120,21 @@ def test_a_step_banner_alone_is_still_read_as_a_cancel():
     d = diag({"logs/app/stderr.log": "slurmstepd: error: *** STEP 142611.0 ON i8024 CANCELLED AT 2024-01-25T12:30:14 ***\n"},
              nodes=["i8024"], start_time="2024-01-25T12:20:00Z", end_time="2024-01-25T12:31:00Z")
     assert (d.status, d.sub_domain) == ("attributed", "user_cancelled")
+
+
+def test_fork_failing_with_eagain_in_a_checkpoint_writer_is_no_user_bug():
+    # modal-projects/training-gym#506: Megatron's async checkpoint writer could not fork
+    text = ('File "/usr/lib/python3.12/multiprocessing/popen_fork.py", line 66, in _launch\n'
+            "    self.pid = os.fork()\n"
+            "BlockingIOError: [Errno 11] Resource temporarily unavailable\n")
+    d = diag({"logs/app/train.log": text})
+    assert d.status == "unattributed"
+
+
+def test_a_bad_address_from_a_write_is_no_user_bug():
+    # facebookresearch/metaseq#497: iopath's async writer
+    text = ("line 254, in <lambda>\n"
+            "    self._notify_manager(lambda: self._io.write(b))\n"
+            "OSError: [Errno 14] Bad address\n")
+    d = diag({"logs/app/train.log": text})
+    assert d.status == "unattributed"

@@ -205,3 +205,45 @@ def test_a_kueue_preemption_folded_by_kubectl_yaml_is_still_a_preemption():
     d = diag({"logs/app/workload.yaml": text})
     assert (d.status, d.sub_domain) == ("attributed", "preempted")
     assert d.recovery.nodes == []
+
+
+# MrCogito/Deep_learning_2023 (committed LSF output files): the job report LSF appends to the output
+LSF_DONE = """Epoch [650/650], Validation Loss: 0.0017, Validation L1: 0.2673, Smoothed Validation Loss: 0.0017
+cuda
+
+------------------------------------------------------------
+Sender: LSF System <lsfadmin@hpc.dtu.dk>
+Subject: Job 19673445: <WorkingSetup_11> in cluster <dcc> Done
+
+Job <WorkingSetup_11> was submitted from host <gbarlogin2> by user <s230208> in cluster <dcc> at Sat Dec  2 18:17:09 2023
+"""
+
+
+def test_lsf_saying_the_job_is_done_is_the_end_of_the_run():
+    d = diag({"logs/app/WorkingSetup_11.log": LSF_DONE}, state="UNKNOWN")
+    assert d.status == "no_failure"
+
+
+def test_lsf_saying_the_job_exited_is_no_end_of_the_run():
+    # TheDingodile/ML_health (a committed LSF output file)
+    exited = ("------------------------------------------------------------\n"
+              "Sender: LSF System <lsfadmin@hpc.dtu.dk>\n"
+              "Subject: Job 21070542: <Ensemble0_0> in cluster <dcc> Exited\n")
+    d = diag({"logs/app/Ensemble0_0.log": exited}, state="UNKNOWN")
+    assert d.status != "no_failure"
+
+
+def test_an_oom_before_lsfs_done_still_failed_the_run():
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.78 GiB. GPU 0 has a total capacity of "
+           "79.15 GiB of which 12.73 GiB is free.\n")
+    d = diag({"logs/app/WorkingSetup_11.log": oom + LSF_DONE}, state="UNKNOWN")
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom")
+
+
+def test_azure_ml_preempting_low_priority_nodes_is_a_preemption():
+    # Azure/MachineLearningNotebooks#1242
+    line = ("AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted. Check if the run has failed or "
+            "restarted. Reason: Received pre-emption warning signal\n")
+    d = diag({"logs/app/70_driver_log.txt": line})
+    assert (d.status, d.sub_domain) == ("attributed", "preempted")
+    assert d.recovery.nodes == []
