@@ -15,12 +15,15 @@ import time
 import uuid
 from pathlib import Path
 
-from firstfault.connectors.slurm import SlurmConnector
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
 from firstfault.connectors.slurm_tail import Job, output_path
 from firstfault.rules.engine import analyze_path
+from firstfault.schemas.records import SchedulerEvent
+from firstfault.streams.codecs import decode_scheduler
+from firstfault.streams.runfile import RunInfo
 from slurm_cluster import wait_for
 from stream_pipeline import start_up
-from test_slurm_real import Collect
 from test_up_ready import base_env, cli
 
 pytest_plugins = ["conftest_slurm"]
@@ -33,6 +36,26 @@ print("epoch 0 step 10 loss 2.31", flush=True)
 import torch_stub_that_is_missing_on_purpose
 '
 """
+
+
+def published_end(env: dict[str, str], wid: str) -> SchedulerEvent:
+    """The end event of ``wid`` on the scheduler topic of the `up` whose run file ``env`` names."""
+    run = RunInfo.model_validate_json(Path(env["FIRSTFAULT_RUN_FILE"]).read_text())
+    topic = f"{run.prefix}scheduler"
+    c = Consumer({"bootstrap.servers": run.bootstrap, "group.id": f"{run.prefix}check", "enable.auto.commit": False})
+    try:
+        meta = c.list_topics(topic, timeout=10).topics[topic]
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for m in c.consume(num_messages=100, timeout=0.5) or []:
+                if m.error() is None:
+                    ev = decode_scheduler(m.value())
+                    if ev.type == "end" and ev.workload.workload_id == wid:
+                        return ev
+    finally:
+        c.close()
+    raise AssertionError(f"no end event of {wid} on {topic}")
 
 
 def test_up_slurm_diagnoses_a_job_that_dies_from_its_output(slurm_cluster, tmp_path):
@@ -69,8 +92,10 @@ def test_up_slurm_diagnoses_a_job_that_dies_from_its_output(slurm_cluster, tmp_p
         # connector's end record, as a bundle (the batch host's output as its application log).
         out = jobs / f"train-tb-{job}.out"
         assert d["root_cause"]["ref"] == {"path": "logs/app/n1.log", "line": 5}, d["root_cause"]
-        end = next(e for e in SlurmConnector(tmp_path / "again.json", Collect(), lookback_s=600).poll()
-                   if e.type == "end" and e.workload.workload_id == wid)
+        # The end record the connector published, as the stream read it: a later poll may know more
+        # (squeue's reason appears once slurmctld answers, under load it may not have), so it is read
+        # back from the topic, not polled again.
+        end = published_end(env, wid)
         bundle = tmp_path / "bundle"
         (bundle / "logs" / "app").mkdir(parents=True)
         (bundle / "workload.json").write_text(end.workload.model_dump_json())
