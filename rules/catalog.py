@@ -500,8 +500,10 @@ JOINS = ("same_gpu", "same_host", "within_timeout_window", "after_onset", "same_
 # Relations of identity (catalog keys beside `explains`): where, not when, decides them.
 IDENTITY = ("same_fault", "refines")
 # message_below: the target is an exception line whose message goes on below it; the source is the
-# report on the line after it in the same file (rules/identity.py)
-IDENTITY_JOINS = ("same_gpu", "same_host", "message_below")
+# report on the line after it in the same file (rules/identity.py); content_below: the target is a
+# wrapper's exception whose first line only says another error follows, and the source is the report a
+# few lines below it in the same file (the wrapped error's own words)
+IDENTITY_JOINS = ("same_gpu", "same_host", "message_below", "content_below")
 # A fault that cleared: the report that it did must be about the same place (rules/clears.py).
 CLEARS = "clears"
 CLEARS_JOINS = ("same_gpu", "same_host")

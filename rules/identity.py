@@ -46,6 +46,9 @@ def fold_identities(ctx: FinalContext) -> None:
                 if rule.join == "message_below":
                     if not _message_below(tgt, src):
                         continue
+                elif rule.join == "content_below":
+                    if not _content_below(tgt, src):
+                        continue
                 elif not same_place(ctx, rule, src, tgt, unplaced=unplaced):
                     continue
                 if not within(ctx, src, tgt, rule.window_s):
@@ -72,6 +75,18 @@ def _message_below(exc: Ev, report: Ev) -> bool:
     message that starts with a newline leaves the type alone on its line with the text below it
     (a blank line between is the message's own)."""
     return report.path == exc.path and 1 <= report.line - exc.line <= 2
+
+
+# How far below a wrapper's line the wrapped error's own words may start: PaddlePaddle's operator wrapper
+# puts two lines of its own and a blank one between ("The exception content is", ":<ErrorType>:").
+CONTENT_BELOW_LINES = 6
+
+
+def _content_below(exc: Ev, report: Ev) -> bool:
+    """``report`` is the error ``exc`` wraps: a wrapper's exception says another error follows ("Operator
+    conv2d raises an ... exception. The exception content is ...") and prints that error's words on the
+    next few lines of its file."""
+    return report.path == exc.path and 1 <= report.line - exc.line <= CONTENT_BELOW_LINES
 
 
 def _known_host(ev: Ev) -> str | None:

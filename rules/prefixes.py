@@ -82,6 +82,10 @@ _VLLM = re.compile(
     r"(?:\.(?P<frac>\d+))? \[[\w./-]+:\d+\] ")
 # Markdown a user wrapped a pasted line in: "> " quotes, "**" bold, "```" fences
 _MARKDOWN = re.compile(r"(?:> ?)+|\*\*|`{3,}")     # a single backtick is content (Lightning's `Trainer.fit`)
+# A pasted line indented (a Markdown list item, an issue form's log field, an e-mail quote) before the line's own
+# start: taken off only where an NCCL "host:pid:tid [dev]" prefix or a date stamp follows, so a traceback's
+# indented frames and a report's indented fields keep their text.
+_INDENT = re.compile(r"[ \t]{1,40}(?=[A-Za-z0-9][\w.-]*:\d{1,10}:\d{1,10} \[\d{1,4}\] |\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
 # kubectl logs --prefix (kubectl's addPrefixIfNeeded: "[pod/%s/%s] ", the pod and the container), e.g. over every
 # worker pod of a job at once with -l <selector>: the pod names the line's host through the record's pods map.
 _KUBECTL = re.compile(r"\[pod/(?P<pod>[a-z0-9][a-z0-9.-]{0,252})/(?P<container>[a-z0-9][a-z0-9-]{0,62})\] ")
@@ -160,7 +164,7 @@ def _yearless(ctx: StampContext, second: tuple[str, str, str, str, str], micro: 
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank", "kubectl")
-_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh")
+_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh", "indent")
 _ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh",
           "rfc3164_local")
 _ALPHA_CTIME = ("mpi_tag",) + _ALPHA
@@ -170,14 +174,14 @@ _REGEX = {
     "dmesg_ctime": _DMESG_CTIME, "dmesg_uptime": _DMESG_UPTIME, "dmesg_delta": _DMESG_DELTA, "fm": _FM,
     "iso_bracket": _ISO_BRACKET, "glog_bracket": _GLOG_BRACKET, "glog_bare": _GLOG_BARE, "nccl": _NCCL,
     "iso_bare": _ISO_BARE, "proc_tag": _PROC_TAG, "vllm": _VLLM, "kmsg_host": _KMSG_HOST,
-    "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK, "markdown": _MARKDOWN, "compose": _COMPOSE,
+    "mpi_tag": _MPI_TAG, "host_rank": _HOST_RANK, "markdown": _MARKDOWN, "indent": _INDENT, "compose": _COMPOSE,
     "grep_file": _GREP_FILE, "tqdm": _TQDM, "pdsh": _PDSH, "kubectl": _KUBECTL, "torchx": _TORCHX,
 }
 
 
 _WEEKDAYS = frozenset(("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"))
 _FIRST_ONLY = ("grep_file", "pdsh", "torchx")  # only as the first thing on the line (or after a wrapper)
-_WRAPPERS = frozenset(("kubectl", "compose", "markdown", "grep_file"))
+_WRAPPERS = frozenset(("kubectl", "compose", "markdown", "grep_file", "indent"))
 _NAMED = re.compile(r"\(\?P<\w+>")
 
 
@@ -244,7 +248,7 @@ def _by_first_char(c: str) -> _Shapes:
         return _BY_CLASS["bracket"]
     if c == "(":
         return _BY_CLASS["proc"]
-    if c.isdigit() or c == " ":
+    if c.isdigit() or c == " " or c == "\t":
         return _BY_CLASS["digit"]
     if c.isalpha():
         return _BY_CLASS["alpha"]
@@ -574,6 +578,6 @@ _APPLY = {
     "rfc3164_local": _rfc3164_local,
     "iso_bracket": _iso, "iso_bare": _iso, "dmesg_ctime": _dmesg_ctime, "dmesg_uptime": _dmesg_uptime,
     "dmesg_delta": _dmesg_delta, "fm": _fm, "glog_bracket": _glog, "glog_bare": _glog, "vllm": _glog,
-    "markdown": _decoration, "tqdm": _decoration, "torchx": _decoration, "grep_file": _grep_file, "pdsh": _pdsh, "compose": _compose, "kubectl": _kubectl,
+    "markdown": _decoration, "indent": _decoration, "tqdm": _decoration, "torchx": _decoration, "grep_file": _grep_file, "pdsh": _pdsh, "compose": _compose, "kubectl": _kubectl,
     "mpi_tag": _mpi_tag, "host_rank": _host_rank, "kmsg_host": _kmsg_host, "proc_tag": _proc_tag, "nccl": _nccl,
 }

@@ -100,14 +100,18 @@ def test_cuda_initialization_warning_alone_is_no_failure_cause():
 
 
 def test_device_count_errors_are_symptoms_unless_their_string_names_a_cause():
-    # PKU-YuanGroup/Video-LLaVA#22 (804) stays an unexplained CUDA error; shariqfarooq123/AdaBins#79 (101) is
-    # the configuration error early.cuda.invalid_device_ordinal names.
+    # PKU-YuanGroup/Video-LLaVA#22 (804) is CUDA's forward compatibility on a GPU that has none: the driver older
+    # than the job's CUDA, a weak driver/library mismatch never drained (early.cuda.forward_compat_unsupported);
+    # shariqfarooq123/AdaBins#79 (101) is the program's launch configuration (early.cuda.invalid_device_ordinal).
     pre = ("RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
            "NumCudaDevices() that might have already set an error? ")
     d804 = diag({"logs/app/node-01.log": pre + "Error 804: forward compatibility was attempted on non supported HW\n"})
-    assert d804.status != "attributed" and d804.recovery.action == "notify_owner"
+    assert (d804.status, d804.sub_domain) == ("attributed", "driver_library_mismatch")
+    assert d804.recovery.action != "drain_nodes"
     d101 = diag({"logs/app/node-01.log": pre + "Error 101: invalid device ordinal\n"})
-    assert (d101.status, d101.sub_domain) == ("attributed", "nccl_config_error")
+    assert (d101.status, d101.sub_domain) == ("attributed", "user_code_exception")
+    unknown = diag({"logs/app/node-01.log": pre + "Error 999: unknown error\n"})
+    assert unknown.status != "attributed"
 
 
 def test_cuda_driver_initialization_failure_alone_never_drains():

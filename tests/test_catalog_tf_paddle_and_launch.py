@@ -1,0 +1,107 @@
+"""TensorFlow's collective group checks, PaddlePaddle's GPU allocator and NCCL wrapper, CUDA's forward-compatibility
+error, c10d store addresses no host name can be, and lines pasted with an indent (held-out rounds ho41-ho44). Real
+lines from the cited reports, through the real engine."""
+from conftest import diag
+
+from firstfault.rules.prefixes import StampContext, read_head
+
+# tensorflow/tensorflow#59888 and #33979 (collective_param_resolver_local.cc CompleteGroupLocal)
+TF_DEVICE_TYPE = ("tensorflow.python.framework.errors_impl.InternalError: Collective ops is aborted by: Device "
+                  "/job:worker/replica:0/task:0/device:GPU:0 is joining a group with incompatible device typeCPU (group_key=3)\n")
+TF_GROUP_SIZE = ("2019-11-04 16:59:38.489335: W tensorflow/core/common_runtime/base_collective_executor.cc:216] "
+                 "BaseCollectiveExecutor::StartAbort Internal: Collective Op  has group_size 8 and group_key2 but that group "
+                 "has size 4\n")
+
+# PaddlePaddle/Paddle#44566 (tracer.cc's wrapper over cuda_allocator.cc's error), with Python's exception type as
+# PaddlePaddle/PaddleSeg#1734 printed it
+PADDLE_OOM = ("SystemError: (Fatal) Operator conv2d raises an paddle::memory::allocation::BadAlloc exception.\n"
+              "The exception content is\n"
+              ":ResourceExhaustedError: \n"
+              "\n"
+              "Out of memory error on GPU 0. Cannot allocate 69.629150MB memory on GPU 0, 39.525391GB memory has been "
+              "allocated and available memory is only 62.187500MB.\n"
+              "\n"
+              "Please check whether there is any other process using GPU 0.\n"
+              "1. If yes, please stop them, or start PaddlePaddle on another GPU.\n"
+              "2. If no, please decrease the batch size of your model. \n")
+# PaddlePaddle/PaddleDetection#7380 (enforce.h build_nvidia_error_msg)
+PADDLE_NCCL = ("    task = group.process_group.barrier()\n"
+               "OSError: (External) NCCL error(2), unhandled system error.\n")
+
+# HorizonRobotics/GUMP#1 (CUDA 804 from torch.cuda.is_available() in a CUDA 12 image on a GeForce host)
+COMPAT_804 = ("/usr/local/lib/python3.9/dist-packages/torch/cuda/__init__.py:118: UserWarning: CUDA initialization: "
+              "Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling NumCudaDevices() "
+              "that might have already set an error? Error 804: forward compatibility was attempted on non supported HW "
+              "(Triggered internally at ../c10/cuda/CUDAFunctions.cpp:108.)\n")
+
+# huggingface/accelerate#2245 (MASTER_ADDR from the wrong variable: a file path)
+ADDR_PATH = ("9.91.4.251: [W socket.cpp:601] [c10d] The IPv6 network addresses of (/root/cuda11.8.bashrc, 45458) cannot be "
+             "retrieved (gai error: -3 - Temporary failure in name resolution).\n")
+# antgroup/animate-x#15: a real host name without IPv6, harmless
+ADDR_LOCALHOST = ("[W socket.cpp:601] [c10d] The IPv6 network addresses of (localhost, 51595) cannot be retrieved "
+                  "(gai error: -2 - Name or service not known).\n")
+
+# triton-inference-server/tensorrtllm_backend#170, pasted with an indent before NCCL's prefix
+INDENTED_NCCL = ("          xllm3-milu2-neil-3-trt-llm-f7457bcc-xsv4v:5011:5092 [1] init.cc:824 NCCL WARN Duplicate GPU "
+                 "detected : rank 0 and rank 1 both on CUDA device e3000\n")
+
+
+def test_tensorflow_workers_that_disagree_on_the_collective_group_are_a_collective_mismatch():
+    for text in (TF_DEVICE_TYPE, TF_GROUP_SIZE):
+        d = diag({"logs/app/worker-0.log": text}, start_time="2019-11-04T16:00:00Z", end_time="2019-11-04T17:30:00Z")
+        assert (d.status, d.sub_domain) == ("attributed", "collective_mismatch"), text
+        assert d.recovery.action == "notify_owner"
+
+
+def test_a_tensorflow_shape_mismatch_is_still_its_own_pattern_and_a_retry_message_is_nothing():
+    d = diag({"logs/app/worker-0.log": "The error could be from a previous operation. Restart your program to reset.\n"})
+    assert d.sub_domain != "collective_mismatch"
+
+
+def test_paddles_operator_wrapper_is_the_out_of_memory_it_wraps_one_cause():
+    d = diag({"logs/app/workerlog.0": PADDLE_OOM})
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom"), d.summary
+    assert d.recovery.action == "notify_owner"
+
+
+def test_paddles_wrapper_alone_stays_a_python_exception():
+    d = diag({"logs/app/workerlog.0": PADDLE_OOM.splitlines(keepends=True)[0]})
+    assert (d.status, d.sub_domain) == ("attributed", "user_code_exception")
+
+
+def test_paddles_nccl_error_is_an_nccl_symptom_not_a_bug_in_the_users_python():
+    d = diag({"logs/app/workerlog.0": PADDLE_NCCL})
+    assert d.status == "unattributed", d.summary
+
+
+def test_cuda_forward_compatibility_on_unsupported_hardware_is_a_weak_driver_mismatch():
+    d = diag({"logs/app/python.log": COMPAT_804})
+    assert (d.status, d.sub_domain) == ("attributed", "driver_library_mismatch")
+    assert d.recovery.action != "drain_nodes"
+    d = diag({"logs/app/node-01.log": COMPAT_804}, nodes=["node-01"])
+    assert d.recovery.action != "drain_nodes"                 # the image's compat libraries may be the ones to change
+
+
+def test_a_store_address_no_host_name_can_be_is_a_firm_rendezvous_error_and_a_plain_host_stays_weak():
+    d = diag({"logs/app/train.log": ADDR_PATH})
+    assert (d.status, d.sub_domain) == ("attributed", "rendezvous_error")
+    assert d.root_cause.fields["problem"] == "master_addr_not_a_host_name"
+    # a host name without IPv6 stays the weak reading of the same warning (early.c10d.src.store_addr_unresolved)
+    d = diag({"logs/app/train.log": ADDR_LOCALHOST})
+    assert d.root_cause.kind == "store_addr_unresolved" and "problem" not in d.root_cause.fields
+
+
+def test_an_indent_before_a_prefix_is_taken_off_and_the_prefix_read():
+    d = diag({"logs/app/server.log": INDENTED_NCCL})
+    assert (d.status, d.sub_domain) == ("attributed", "nccl_config_error")
+    assert d.responsible_nodes == ["xllm3-milu2-neil-3-trt-llm-f7457bcc-xsv4v"]
+
+
+def test_an_indent_stays_where_no_prefix_follows():
+    ctx = StampContext(zone=None, anchor=None, boot=None)
+    frame = '  File "train.py", line 168, in main'
+    assert read_head(frame, ctx).message == frame                   # a traceback's frame keeps its indent
+    head = read_head("    2024-05-01 12:00:01,123 ERROR boom", ctx)  # a stamp after the indent is read
+    assert head.stamp is not None and head.message == "ERROR boom"
+    head = read_head("  0: host-7:11:12 [0] NCCL WARN x", ctx)       # srun's rank label still comes first
+    assert (head.rank, head.host) == (0, "host-7")
