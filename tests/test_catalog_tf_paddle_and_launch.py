@@ -105,3 +105,28 @@ def test_an_indent_stays_where_no_prefix_follows():
     assert head.stamp is not None and head.message == "ERROR boom"
     head = read_head("  0: host-7:11:12 [0] NCCL WARN x", ctx)       # srun's rank label still comes first
     assert (head.rank, head.host) == (0, "host-7")
+
+
+# tensorflow/tensorflow#4768 (the stream executor's diagnostics after cuInit failed)
+DSO_MISMATCH = ("E tensorflow/stream_executor/cuda/cuda_driver.cc:491] failed call to cuInit: CUDA_ERROR_INVALID_VALUE\n"
+                "I tensorflow/stream_executor/cuda/cuda_diagnostics.cc:185] libcuda reported version is: 361.93.2\n"
+                "I tensorflow/stream_executor/cuda/cuda_diagnostics.cc:189] kernel reported version is: 352.63.0\n"
+                "E tensorflow/stream_executor/cuda/cuda_diagnostics.cc:296] kernel version 352.63.0 does not match DSO "
+                "version 361.93.2 -- cannot find working devices in this configuration\n")
+# jax-ml/jax#23452 (XLA's stream executor asked for a device the task does not have)
+XLA_ORDINAL = ("2024-09-05 07:57:34.555804: W external/xla/xla/service/platform_util.cc:199] unable to create StreamExecutor "
+               "for CUDA:1: failed initializing StreamExecutor for CUDA device ordinal 1: INTERNAL: Failed call to cuDeviceGet: "
+               "CUDA_ERROR_INVALID_DEVICE: invalid device ordinal\n")
+
+
+def test_the_stream_executors_kernel_and_dso_versions_disagreeing_is_a_driver_library_mismatch():
+    d = diag({"logs/app/node-01.log": DSO_MISMATCH}, nodes=["node-01"])
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "driver_library_mismatch", ["node-01"])
+    quiet = diag({"logs/app/node-01.log": "".join(DSO_MISMATCH.splitlines(keepends=True)[:3])}, nodes=["node-01"])
+    assert quiet.sub_domain != "driver_library_mismatch"
+
+
+def test_an_invalid_device_ordinal_in_xlas_words_is_the_programs_launch_configuration():
+    d = diag({"logs/app/train.log": XLA_ORDINAL}, start_time="2024-09-05T07:00:00Z", end_time="2024-09-05T08:30:00Z")
+    assert (d.status, d.sub_domain) == ("attributed", "user_code_exception")
+    assert d.recovery.action == "notify_owner"
