@@ -123,7 +123,7 @@ def test_cuda_requirement_above_the_driver_is_the_driver_job_disagreement_never_
 
 def test_driver_files_baked_into_the_image_are_the_images_fault_on_any_node():
     d = diag({"logs/app/node-01.log": IMAGE_HAS_DRIVER + "\n"})
-    assert (d.status, d.sub_domain) == ("attributed", "nccl_config_error")
+    assert (d.status, d.sub_domain) == ("attributed", "user_code_exception")
     assert (d.recovery.action, d.recovery.nodes) == ("notify_owner", [])
     assert "rebuild the image" in d.recovery.next_step
 
@@ -177,7 +177,7 @@ slurmstepd: error: pyxis: couldn't start container
 def test_a_registry_refusing_the_image_is_the_jobs_image_reference():
     # NVIDIA/pyxis#168, as posted (a private registry's image written with "/" instead of "#").
     d = diag({"logs/app/slurm-4242.out": PYXIS_401})
-    assert (d.status, d.sub_domain) == ("attributed", "nccl_config_error")
+    assert (d.status, d.sub_domain) == ("attributed", "user_code_exception")
     assert (d.recovery.action, d.recovery.nodes) == ("notify_owner", [])
     assert "registry#image" in d.recovery.next_step
     assert "401" in d.summary
@@ -209,3 +209,26 @@ def test_pyxis_headlines_alone_are_no_cause():
            "srun: error: sp-0016: task 0: Exited with exit code 1\n")
     d = diag({"logs/app/node-01.log": log})
     assert d.status == "unattributed"
+
+
+# NVIDIA/pyxis#61, as posted: the image lacks the shell the job runs, on both nodes
+PYXIS_NO_BASH = """pyxis: importing docker image ...
+pyxis: importing docker image ...
+slurmstepd: error: pyxis: container start failed with error code: 1
+slurmstepd: error: pyxis: printing contents of log file ...
+slurmstepd: error: pyxis:     enroot-switchroot: failed to execute: /bin/bash: No such file or directory
+slurmstepd: error: pyxis: couldn't start container
+slurmstepd: error: pyxis: if the image has an unusual entrypoint, try using --no-container-entrypoint
+slurmstepd: error: spank: required plugin spank_pyxis.so: task_init() failed with rc=-1
+slurmstepd: error: Failed to invoke spank plugin stack
+srun: error: hpc-pg0-2: task 1: Exited with exit code 1
+"""
+
+
+def test_a_command_missing_from_the_image_is_the_jobs_own_on_any_node():
+    d = diag({"logs/app/slurm-61.out": PYXIS_NO_BASH}, nodes=["hpc-pg0-1", "hpc-pg0-2"])
+    assert (d.status, d.sub_domain) == ("attributed", "user_code_exception")
+    assert (d.recovery.action, d.recovery.nodes) == ("notify_owner", [])
+    # the headline pyxis prints above it alone says nothing of why
+    d = diag({"logs/app/slurm-61.out": "slurmstepd: error: pyxis: couldn't start container\n"})
+    assert d.status != "attributed"
