@@ -441,7 +441,14 @@ def _iso(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     return True
 
 
+# Python logging's "%(asctime)s %(name)s %(levelname)s: %(message)s" has the shape of an ISO syslog line: its
+# logger name where the host is and its level where the program is. No syslog program is called INFO.
+_LOG_LEVELS = frozenset(("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL", "NOTICE", "TRACE"))
+
+
 def _iso_host(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
+    if m["prog"] in _LOG_LEVELS:
+        return False                      # a logger's name, not a host: read as a bare stamp
     _iso(m, head, ctx)
     if m["pid"] and head.pid is None:
         head.pid = int(m["pid"])

@@ -317,3 +317,14 @@ def test_a_pod_named_by_kubectl_is_placed_on_its_node():
         "[pod/train-worker-1/pytorch] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
         "GPU 1 has a total capacity of 79.10 GiB of which 1.06 GiB is free.\n")}).diagnosis
     assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "cuda_oom", ["node-02"])
+
+
+def test_python_loggings_name_and_level_are_not_a_syslog_host_and_program():
+    # Brummi/BehindTheScenes#34: ignite's "%(asctime)s %(name)s %(levelname)s: %(message)s"
+    ctx = StampContext(zone=None, anchor=None, boot=None)
+    head = read_head("2025-01-06 20:58:03,681 ignite.distributed.launcher.Parallel INFO: End of run", ctx)
+    assert head.host is None and head.stamp is not None
+    assert head.message == "ignite.distributed.launcher.Parallel INFO: End of run"
+    # rsyslog's ISO form still names its host and program
+    head = read_head("2024-02-01T10:00:00.123+00:00 gpu-01 kernel: NVRM: Xid 79", ctx)
+    assert (head.host, head.message) == ("gpu-01", "NVRM: Xid 79")
