@@ -78,8 +78,9 @@ def _message_below(exc: Ev, report: Ev) -> bool:
 
 
 # How far below a wrapper's line the wrapped error's own words may start: PaddlePaddle's operator wrapper
-# puts two lines of its own and a blank one between ("The exception content is", ":<ErrorType>:").
-CONTENT_BELOW_LINES = 6
+# puts two lines of its own and a blank one between ("The exception content is", ":<ErrorType>:"), and a
+# progress bar redrawn between every two of them (a tqdm loop's output) doubles that.
+CONTENT_BELOW_LINES = 12
 
 
 def _content_below(exc: Ev, report: Ev) -> bool:

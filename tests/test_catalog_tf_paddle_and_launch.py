@@ -130,3 +130,25 @@ def test_an_invalid_device_ordinal_in_xlas_words_is_the_programs_launch_configur
     d = diag({"logs/app/train.log": XLA_ORDINAL}, start_time="2024-09-05T07:00:00Z", end_time="2024-09-05T08:30:00Z")
     assert (d.status, d.sub_domain) == ("attributed", "user_code_exception")
     assert d.recovery.action == "notify_owner"
+
+
+# jax-ml/jax#3158: old jaxlib's runtime status in a RuntimeError, XLA's CHECK aborting the process, then Slurm's
+# plain banner one second later
+JAX_ABORT = ("RuntimeError: Internal: Unable to launch cuBLAS gemm on stream 0x562d67df53e0\n"
+             "2020-05-18 19:33:00.557560: F external/org_tensorflow/tensorflow/compiler/xla/service/gpu/gpu_executable.cc:88] "
+             "Check failed: pair.first->SynchronizeAllActivity() \n"
+             "slurmstepd: error: *** JOB 505887 ON gpu117 CANCELLED AT 2020-05-18T19:33:01 ***\n")
+
+
+def test_a_runtime_status_in_a_python_exception_is_no_bug_in_the_users_program():
+    d = diag({"logs/app/slurm-505887.out": JAX_ABORT.splitlines(keepends=True)[0]})
+    assert d.status != "attributed" or d.sub_domain != "user_code_exception"
+
+
+def test_a_plain_cancellation_after_the_process_aborted_is_its_tear_down_not_a_persons_cancel():
+    window = {"start_time": "2020-05-18T18:00:00Z", "end_time": "2020-05-18T19:40:00Z"}
+    d = diag({"logs/app/slurm-505887.out": JAX_ABORT}, nodes=["gpu117"], **window)
+    assert d.sub_domain != "user_cancelled" and d.recovery.action != "none", d.summary
+    # the banner alone is still a cancellation
+    d = diag({"logs/app/slurm-505887.out": JAX_ABORT.splitlines(keepends=True)[2]}, nodes=["gpu117"], **window)
+    assert d.sub_domain == "user_cancelled"
