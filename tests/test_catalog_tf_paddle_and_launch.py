@@ -152,3 +152,46 @@ def test_a_plain_cancellation_after_the_process_aborted_is_its_tear_down_not_a_p
     # the banner alone is still a cancellation
     d = diag({"logs/app/slurm-505887.out": JAX_ABORT.splitlines(keepends=True)[2]}, nodes=["gpu117"], **window)
     assert d.sub_domain == "user_cancelled"
+
+
+# ray-project/ray_lightning#24: NCCL's P2P transport on a GPU pair without peer access
+IPC_PEER = ("(pid=909608) z-pc:909608:910337 [0] transport/p2p.cc:238 NCCL WARN failed to open CUDA IPC handle : 217 "
+            "peer access is not supported between these two devices\n")
+# horovod/horovod#785: the other rank's open of the same handle fails with a string that names nothing
+IPC_INVALID = "HOSTNAME:4974:4981 [0] transport/p2p.cu:548 NCCL WARN failed to open CUDA IPC handle : 11 invalid argument\n"
+# NVIDIA/nccl#342: NCCL's SYSCHECK without the space before the colon, then the segment it could not create
+SHM_FALLOCATE = ("include/shm.h:28 NCCL WARN Call to posix_fallocate failed: No space left on device\n"
+                 "include/shm.h:48 NCCL WARN Error while creating shared memory segment "
+                 "nccl-shm-recv-250a7cc850ba9298-0-1-3 (size 9637888)\n")
+# huggingface/optimum-habana#289
+HPU_OOM = ("return super().__torch_function__(func, types, new_args, kwargs) RuntimeError: [Rank:0] FATAL ERROR :: "
+           "MODULE:PT_DEVMEM Allocation failed for size::3288334336 (3136)MB\n")
+# HabanaAI/Setup_and_Install#1
+HL_INIT = ("[   72.993087] habanalabs hl2: Failed to communicate with Device CPU (CPU-CP timeout)\n"
+           "[   72.993269] habanalabs 0000:1a:00.0: Failed to initialize hl2. Device is NOT usable !\n")
+
+
+def test_nccl_opening_a_peers_memory_without_peer_access_is_the_collectives_configuration():
+    d = diag({"logs/app/worker.log": IPC_PEER}, nodes=["z-pc"])
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "nccl_config_error", ["z-pc"])
+    assert d.recovery.action == "notify_owner"
+    assert diag({"logs/app/worker.log": IPC_INVALID}).status != "attributed"
+
+
+def test_nccls_fallocate_failing_for_space_is_one_shared_memory_cause_not_two():
+    d = diag({"logs/app/train.log": SHM_FALLOCATE})
+    assert (d.status, d.sub_domain) == ("attributed", "shm_exhausted"), d.summary
+
+
+def test_a_gaudi_device_out_of_memory_is_the_jobs_sizing():
+    d = diag({"logs/app/run.log": HPU_OOM})
+    assert (d.status, d.sub_domain) == ("attributed", "cuda_oom")
+    assert d.recovery.action == "notify_owner"
+
+
+def test_a_gaudi_card_that_fails_at_probe_keeps_its_node_out_but_never_drains_it():
+    d = diag({"logs/syslog/h001.log": HL_INIT}, nodes=["h001", "h002"])
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "gpu_hardware_fault", ["h001"])
+    assert d.recovery.action == "retry_excluding_nodes"
+    d = diag({"logs/syslog/h001.log": HL_INIT.splitlines(keepends=True)[0]}, nodes=["h001", "h002"])
+    assert d.sub_domain != "gpu_hardware_fault"

@@ -170,9 +170,6 @@ RECOVERY_GAPS = {
         "lines ('retrieving CUDA diagnostic information for host: next-gpu1') above the mismatch line, which names "
         "none: a header that scopes the lines below it would also place every later line of a merged log, so no "
         "node is drained",
-    "ho49-gaudi-habanalabs-cpucp-timeout-devices-not-usable": "a Gaudi card that fails to initialize at probe is weak "
-        "evidence of the card (a driver and firmware that do not fit fail the same way on every card, as amdgpu's "
-        "'Fatal error during GPU init' is read): the node is excluded from the rerun, not drained",
     "ho37-nccltests-802-system-not-initialized": "the label's low confidence turns the nvswitch_fatal drain into an "
         "exclusion; the engine reads CUDA 802 on its host as the earlier medium-confidence label of the same line "
         "does (ho10-gpu-fm-not-ready-802-h100x8-nccltests-264: drain_nodes): the fabric is down on that node",
