@@ -106,8 +106,9 @@ _GREP_FILE = re.compile(r"(?P<file>[\w.-]{1,200}\.(?:log|out|err|txt))(?::\d{1,9
 # ("10.10.23.10: ", a hostfile of IPs). Only as the first thing on the line and only a name with a digit
 # in it (or localhost) or a dotted IPv4 address: "RuntimeError: " is a message, "rank3: " a rank.
 # Ascend CANN's error codes ("EI0006: ...", "EJ0001: ...", "EZ9999: ...": two capitals and four digits) lead
-# a line the same way and are no host.
-_PDSH = re.compile(r"(?:slurmstepd-)?(?P<host>(?!(?:rank|step|epoch|iter|iteration|layer)\d+:|E[A-Z]\d{4}:)"
+# a line the same way and are no host, nor is the program name glibc's failed assert() puts first
+# ("python3: /path/file.cpp:223: int f(...): Assertion `x' failed.", the shape "%s: %s:%u: %s").
+_PDSH = re.compile(r"(?:slurmstepd-)?(?P<host>(?!(?:rank|step|epoch|iter|iteration|layer)\d+:|E[A-Z]\d{4}:|python[\d.]*: \S+:\d+: )"
                    r"(?:[A-Za-z][A-Za-z0-9-]{0,62}\d[A-Za-z0-9-]{0,62}|localhost)(?:\.[A-Za-z0-9-]{1,63}){0,6}"
                    r"|(?:\d{1,3}\.){3}\d{1,3}): (?=\S)")
 
