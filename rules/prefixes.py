@@ -43,9 +43,13 @@ _MPI_TAG = re.compile(r"(?:[A-Z][a-z]{2} (?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}
                       r"<(?:stdout|stderr)>: ?")
 # "[gpu187:2]:" host and local rank tags (multi-node launchers that tag each line)
 _HOST_RANK = re.compile(r"\[(?P<host>[A-Za-z][\w.-]*):(?P<local>\d{1,5})\]: ?")
-# "[2026-11-02 10:01:00,123] " / slurmctld "[2026-11-02T10:21:14.123] " / Hydra "[2026-11-02 10:01:00,123][name][INFO] - "
+# "[2026-11-02 10:01:00,123] " / slurmctld "[2026-11-02T10:21:14.123] " / Hydra "[2026-11-02 10:01:00,123][name][INFO] - ",
+# and SGLang's logger, whose processes add their parallel ranks inside the brackets ("[2025-03-09 00:57:15 TP4] ",
+# "[2025-06-26 07:25:31 DP4 TP4] ": configure_logger's "[%(asctime)s{prefix}] ", the prefix " DP{} TP{} EP{} PP{}"
+# a scheduler process builds). The ranks are the engine's own (TP4 is a GPU of one server), not the job's global rank.
 _ISO_BRACKET = re.compile(
-    r"\[(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\](?::? |(?=\[))")
+    r"\[(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)(?: [A-Z][A-Z_]{1,10}\d{1,5}){0,6}\]"
+    r"(?::? |(?=\[))")
 _DMESG_UPTIME = re.compile(r"\[\s*(?P<up>\d+\.\d+)\] ?")
 _DMESG_DELTA = re.compile(r"\[\s*\+\s*\d+\.\d+\] ?")
 _DMESG_CTIME = re.compile(
@@ -76,10 +80,12 @@ _NCCL = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1
 # Talos / kmsg forwarders: "192.168.11.119: kern: warning: [2026-04-22T21:25:20.458998481Z]: "
 _KMSG_HOST = re.compile(
     r"(?P<host>[\w.:-]+?): (?:kern|user|daemon|auth|syslog):\s+\w+: \[(?P<iso>\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)\]: ")
-# vLLM's logger: "ERROR 09-09 02:24:28 [multiproc_executor.py:522] "
+# vLLM's logger: "ERROR 09-09 02:24:28 [multiproc_executor.py:522] ", and before the brackets (vllm/logger.py's
+# _FORMAT "%(levelname)s %(asctime)s %(filename)s:%(lineno)d] %(message)s" of the 0.2-0.7 releases):
+# "ERROR 10-09 02:13:55 client.py:250] "
 _VLLM = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)"
-    r"(?:\.(?P<frac>\d+))? \[[\w./-]+:\d+\] ")
+    r"(?:\.(?P<frac>\d+))? (?:\[[\w./-]+:\d+\]|[\w-]+(?:\.[\w-]+)*\.py:\d+\]) ")
 # Markdown a user wrapped a pasted line in: "> " quotes, "**" bold, "```" fences
 _MARKDOWN = re.compile(r"(?:> ?)+|\*\*|`{3,}")     # a single backtick is content (Lightning's `Trainer.fit`)
 # A pasted line indented (a Markdown list item, an issue form's log field, an e-mail quote) before the line's own
