@@ -136,9 +136,12 @@ def read_in_parallel(catalog: Catalog, workload: Any, files: list[BundleFile], j
                     return None
             if deadline is not None and time.monotonic() > deadline:
                 raise AnalysisTimeout("the analysis passed its deadline and was stopped")
-            if progress is not None and done.value > reported:
-                progress(done.value - reported)
-                reported = done.value
+            # Read once: a child may add to it between two reads, and bytes counted past what was
+            # reported would never be reported.
+            now = done.value
+            if progress is not None and now > reported:
+                progress(now - reported)
+                reported = now
     finally:
         for child, recv in children:
             if child.is_alive():
