@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import uuid
 from collections.abc import Iterator
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from firstfault.rules.catalog import load_catalog
 from firstfault.rules.engine import analyze_files
+from firstfault.rules.ruletest import extract_one
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
@@ -54,6 +57,18 @@ BASE_WORKLOAD = {
 def diag(files: dict[str, str], **wl):
     """The diagnosis of ``files`` (bundle path -> text) under BASE_WORKLOAD with ``wl``'s fields changed."""
     return analyze_files({**BASE_WORKLOAD, **wl}, files).diagnosis
+
+
+@functools.lru_cache(maxsize=1)
+def catalog():
+    """The shipped catalog, loaded once for the modules that extract single lines."""
+    return load_catalog()
+
+
+def pattern_of(line: str, source: str = "app") -> str | None:
+    """The id of the catalog pattern that reads ``line`` (None: no pattern does)."""
+    ev = extract_one(catalog(), line, source)
+    return ev.pattern if ev is not None else None
 
 
 @contextlib.contextmanager

@@ -8,22 +8,9 @@ rules/prefixes.py; the enumeration of sites: rules/emitters/inference_engines.ya
 
 Each message is as posted in the public report named beside it. The test workload's window is moved
 to the posted stamps (their year-less month and day) where a test diagnoses stamped lines."""
-import functools
-
-from firstfault.rules.catalog import load_catalog
 from firstfault.rules.ruletest import extract_one, seen_as
 
-from conftest import diag
-
-
-@functools.lru_cache(maxsize=1)
-def _catalog():
-    return load_catalog()
-
-
-def pattern_of(line: str) -> str | None:
-    ev = extract_one(_catalog(), line, "app")
-    return ev.pattern if ev is not None else None
+from conftest import catalog as _catalog, diag, pattern_of
 
 
 def window(day: str, hhmm: str = "00:00", until: str = "23:59") -> dict:

@@ -8,22 +8,7 @@ early/torch_core.yaml for the reused kinds); the enumeration of sites: rules/emi
 Each message is as posted in the public report named beside it. Where a test places lines on ranks
 and hosts, the "N: " srun label is added in front; where a posted stamp falls outside the test
 workload's window, it is dropped or moved into it (said where done)."""
-import functools
-
-from firstfault.rules.catalog import load_catalog
-from firstfault.rules.ruletest import extract_one
-
-from conftest import diag
-
-
-@functools.lru_cache(maxsize=1)
-def _catalog():
-    return load_catalog()
-
-
-def pattern_of(line: str) -> str | None:
-    ev = extract_one(_catalog(), line, "app")
-    return ev.pattern if ev is not None else None
+from conftest import diag, pattern_of
 
 
 # ------------------------------------------------------------------ XLA's NCCL wrapper
