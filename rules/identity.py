@@ -43,11 +43,9 @@ def fold_identities(ctx: FinalContext) -> None:
                     continue
                 unplaced = (_known_host(tgt) is None and src_host is not None) or \
                            (_known_host(src) is None and tgt_host is not None)
-                if rule.join == "message_below":
-                    if not _message_below(tgt, src):
-                        continue
-                elif rule.join == "content_below":
-                    if not _content_below(tgt, src):
+                below = LINES_BELOW.get(rule.join)
+                if below is not None:
+                    if not _below(tgt, src, below):
                         continue
                 elif not same_place(ctx, rule, src, tgt, unplaced=unplaced):
                     continue
@@ -70,24 +68,18 @@ def fold_identities(ctx: FinalContext) -> None:
                                                                   for t in folded}), **extra)
 
 
-def _message_below(exc: Ev, report: Ev) -> bool:
-    """``report`` is the first line of ``exc``'s message: Python prints "<Type>: <message>", and a
-    message that starts with a newline leaves the type alone on its line with the text below it
-    (a blank line between is the message's own)."""
-    return report.path == exc.path and 1 <= report.line - exc.line <= 2
-
-
-# How far below a wrapper's line the wrapped error's own words may start: PaddlePaddle's operator wrapper
-# puts two lines of its own and a blank one between ("The exception content is", ":<ErrorType>:"), and a
+# The joins on a file's lines, and how far below the exception its report may start. message_below: Python
+# prints "<Type>: <message>", and a message that starts with a newline leaves the type alone on its line with
+# the text below it (a blank line between is the message's own). content_below: a wrapper's exception says
+# another error follows ("Operator conv2d raises an ... exception. The exception content is ...") and prints
+# that error's words a few lines down: PaddlePaddle puts two lines of its own and a blank one between, and a
 # progress bar redrawn between every two of them (a tqdm loop's output) doubles that.
-CONTENT_BELOW_LINES = 12
+LINES_BELOW = {"message_below": 2, "content_below": 12}
 
 
-def _content_below(exc: Ev, report: Ev) -> bool:
-    """``report`` is the error ``exc`` wraps: a wrapper's exception says another error follows ("Operator
-    conv2d raises an ... exception. The exception content is ...") and prints that error's words on the
-    next few lines of its file."""
-    return report.path == exc.path and 1 <= report.line - exc.line <= CONTENT_BELOW_LINES
+def _below(exc: Ev, report: Ev, lines: int) -> bool:
+    """``report`` is ``exc``'s own message or wrapped error: on one of the ``lines`` lines below it in its file."""
+    return report.path == exc.path and 1 <= report.line - exc.line <= lines
 
 
 def _known_host(ev: Ev) -> str | None:

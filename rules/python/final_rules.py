@@ -11,9 +11,9 @@ from datetime import timedelta
 from typing import NamedTuple
 
 from ..bundle import source_of
+from ..clears import apply_clears
 from ..early import render
 from ..final import FinalContext, coverage, reachable, reporter_only, run_explains
-from ..clears import apply_clears
 from ..identity import fold_identities
 from ..model import Ev
 from ..order import POINT, first_cause, placed, root_order
