@@ -166,6 +166,8 @@ RECOVERY_GAPS = {
         "evidence of the host (a driver or a load can cause it): the node is excluded from the rerun, not drained",
     "hw-nodedied-raytrainworker-43751": "the dead node's IP is on the RayActorError line above 'its node has "
                                         "died'; the engine does not join the two, so it names no node to exclude",
+    "ho53-rtx-pro-6000-vllm-gsp-rpc-timeout-xid119": "a GSP timeout (Xid 119) is a weak hardware root: it often "
+        "reports on a GPU that failed in another way, so the node is excluded from the rerun, not drained",
     "ho41-tf-cuinit-kernel-dso-version-mismatch-next-gpu1": "TensorFlow's diagnostics name the host on their own "
         "lines ('retrieving CUDA diagnostic information for host: next-gpu1') above the mismatch line, which names "
         "none: a header that scopes the lines below it would also place every later line of a merged log, so no "

@@ -9,8 +9,9 @@ slow network or a dead rank. ProcessGroupNCCL prints the work in its timeout lin
 (``WorkNCCL(SeqNum=1516, OpType=ALLREDUCE, NumelIn=25427968, ...)``); the rule compares those.
 
 Conservative: one process group (the lines' PG, when they name one, else the default), one hang
-(the collectives began within the hang slack of each other), exactly two versions of the work and
-sequence numbers at most one apart. More versions, or numbers far apart, are more likely several
+(the collectives began within the hang slack of each other; lines without a time count as one
+hang only when they name the same SeqNum, the same call on every rank), exactly two versions of
+the work and sequence numbers at most one apart. More versions, or numbers far apart, are more likely several
 process groups (tensor, pipeline, data parallel each count their own) than one desync.
 """
 from __future__ import annotations
@@ -32,6 +33,14 @@ _R1 = ("[rank1]:[E1102 10:12:57.704703955 ProcessGroupNCCL.cpp:607] [Rank 1] Wat
        "WorkNCCL(SeqNum=1517, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600026 "
        "milliseconds before timing out.")
 
+# Two unstamped lines of axolotl-ai-cloud/axolotl#1495, as posted: one SeqNum, two element counts.
+_U6 = ("[E ProcessGroupNCCL.cpp:475] [Rank 6] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=13807, "
+       "OpType=ALLREDUCE, NumelIn=11274112, NumelOut=11274112, Timeout(ms)=1800000) ran for 1800233 milliseconds before "
+       "timing out.")
+_U7 = ("[E ProcessGroupNCCL.cpp:475] [Rank 7] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=13807, "
+       "OpType=ALLREDUCE, NumelIn=10942336, NumelOut=10942336, Timeout(ms)=1800000) ran for 1800289 milliseconds before "
+       "timing out.")
+
 _MAX_SEQ_GAP = 1
 
 
@@ -45,8 +54,17 @@ def _describe(work: tuple) -> str:
     return f"{op} SeqNum={seq}" + (f" ({numel} element{'s' if numel != 1 else ''})" if isinstance(numel, int) else "")
 
 
+def _members(ev: Ev) -> set[int]:
+    """Who timed out: the global ranks, else the line's rank in its group ("[Rank N]", the group's own
+    numbering; the rule compares one group's lines only)."""
+    if ev.ranks:
+        return ev.ranks
+    pg_rank = ev.fields.get("pg_rank")
+    return {pg_rank} if isinstance(pg_rank, int) else set()
+
+
 def _ranks(evs: list[Ev]) -> list[int]:
-    return sorted(set().union(*(e.ranks for e in evs)))
+    return sorted(set().union(*(_members(e) for e in evs)))
 
 
 @final_rule(
@@ -56,15 +74,19 @@ def _ranks(evs: list[Ev]) -> list[int]:
                 "line up, a collective_mismatch in the program, with the ranks on the odd version named. Source: "
                 "pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (WorkNCCL's SeqNum/OpType/Numel in "
                 "the timeout line); NCCL matches each rank's n-th collective with the others' n-th; "
-                "hiyouga/LlamaFactory#2902 (the example's lines).",
-    examples={"fires": [{"workload": _WL, "files": {"logs/app/node-01.log": _R0 + "\n" + _R1}}],
+                "hiyouga/LlamaFactory#2902 (the example's lines); axolotl-ai-cloud/axolotl#1495 (unstamped lines, one "
+                "SeqNum, two NumelIn).",
+    examples={"fires": [{"workload": _WL, "files": {"logs/app/node-01.log": _R0 + "\n" + _R1}},
+                        {"workload": _WL, "files": {"logs/app/node-01.log": _U6 + "\n" + _U7}}],
               "quiet": [{"workload": _WL, "files": {"logs/app/node-01.log": _R0 + "\n" + _R0.replace("rank0", "rank1")
                                                     .replace("Rank 0", "Rank 1")}},
-                        {"workload": _WL, "files": {"logs/app/node-01.log": _R0 + "\n" + _R1.replace("1517", "1530")}}]},
+                        {"workload": _WL, "files": {"logs/app/node-01.log": _R0 + "\n" + _R1.replace("1517", "1530")}},
+                        # unplaced and one SeqNum apart: nothing ties them to one hang
+                        {"workload": _WL, "files": {"logs/app/node-01.log": _U6 + "\n" + _U7.replace("13807", "13808")}}]},
 )
 def desync(ctx: FinalContext) -> None:
     timeouts = [e for e in ctx.events if e.kind == "watchdog_timeout" and isinstance(e.fields.get("seq"), int)
-                and isinstance(e.fields.get("op"), str) and e.ranks and id(e) not in ctx.excluded]
+                and isinstance(e.fields.get("op"), str) and _members(e) and id(e) not in ctx.excluded]
     groups: dict[object, list[Ev]] = defaultdict(list)
     for ev in timeouts:
         groups[ev.fields.get("pg")].append(ev)
@@ -81,8 +103,13 @@ def desync(ctx: FinalContext) -> None:
         if set(_ranks(a_evs)) & set(_ranks(b_evs)):
             continue                    # one rank in both versions: several hangs or restarts, not one desync
         onsets = [ctx.when(e) for e in a_evs + b_evs]
-        if any(t is None for t in onsets) or max(onsets) - min(onsets) > slack:
+        known = [t for t in onsets if t is not None]
+        if known and max(known) - min(known) > slack:
             continue                    # not one hang
+        if len(known) < len(onsets) and a[0] != b[0]:
+            # Unplaced lines: only the same SeqNum ties them to one collective call (the n-th of the
+            # group on every rank); numbers one apart may come from two hangs the lines cannot order.
+            continue
         # The version fewer ranks report is the odd one; a tie names both sides.
         odd = b_evs if len(_ranks(b_evs)) < len(_ranks(a_evs)) else a_evs + b_evs
         other = a if odd is b_evs else None
