@@ -199,6 +199,9 @@ LABELS_IN_DISPUTE = {
     "ho26-sched-nersc-cori-step-cancelled-is-a-lwp": "slurmstepd's plain 'CANCELLED AT' banner, as in "
         "ho13-sched-trixie-step-cancelled-stepd-terminated-not-ending-cn106: user_cancelled in app-cancel-* and "
         "ho14-sched-scancel-step-cancelled-mlperf-bert-node0400, unattributed here",
+    "ho57-roce-gid0-link-local-modify-qp-enodev": "ibv_modify_qp failing with ENODEV is read as the HCA's path "
+        "(a weak ib_link_error, the node left out of the rerun, as early.nccl.src.ibv_modify_qp reads No such "
+        "device); the label (low) reads the link-local GID 0 in NCCL's INFO line above as a GID-index setting",
     "ho25-mix-mpijob-elastic-horovod-rank3-137-gloo-reset": "a process ending with exit code 137 (SIGKILL): a weak "
         "host_oom, as net-hostoom-exit137-ffdl-127 and ho8-k8s-oomkilled-openpai-pvrcnn-exit137-pai-5464 read it, "
         "unattributed here (the worker pod may have been removed)",
