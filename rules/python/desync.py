@@ -11,8 +11,9 @@ slow network or a dead rank. ProcessGroupNCCL prints the work in its timeout lin
 Conservative: one process group (the lines' PG, when they name one, else the default), one hang
 (the collectives began within the hang slack of each other; lines without a time count as one
 hang only when they name the same SeqNum, the same call on every rank), exactly two versions of
-the work and sequence numbers at most one apart. More versions, or numbers far apart, are more likely several
-process groups (tensor, pipeline, data parallel each count their own) than one desync.
+the work and sequence numbers at most one apart. More versions, or numbers far apart, are more
+likely several process groups (tensor, pipeline, data parallel each count their own) than one
+desync.
 """
 from __future__ import annotations
 
