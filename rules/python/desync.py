@@ -68,6 +68,12 @@ def _ranks(evs: list[Ev]) -> list[int]:
     return sorted(set().union(*(_members(e) for e in evs)))
 
 
+def _size(evs: list[Ev]) -> int:
+    """How many report this version: its global ranks, and a line each where none is printed (the lines
+    of ranks without one fold into one event, which keeps only the first line's group rank)."""
+    return len(set().union(*(e.ranks for e in evs))) + sum(e.count for e in evs if not e.ranks)
+
+
 @final_rule(
     id="final.desync", priority=640, title="Ranks that timed out on different collectives are out of step",
     description="In one hang of one process group, the ranks' watchdog timeouts name exactly two versions of the "
@@ -98,7 +104,7 @@ def desync(ctx: FinalContext) -> None:
             versions[_work(ev)].append(ev)
         if len(versions) != 2:
             continue
-        (a, a_evs), (b, b_evs) = sorted(versions.items(), key=lambda kv: (-len(_ranks(kv[1])), str(kv[0])))
+        (a, a_evs), (b, b_evs) = sorted(versions.items(), key=lambda kv: (-_size(kv[1]), str(kv[0])))
         if abs(a[0] - b[0]) > _MAX_SEQ_GAP:
             continue
         if set(_ranks(a_evs)) & set(_ranks(b_evs)):
@@ -112,7 +118,7 @@ def desync(ctx: FinalContext) -> None:
             # group on every rank); numbers one apart may come from two hangs the lines cannot order.
             continue
         # The version fewer ranks report is the odd one; a tie names both sides.
-        odd = b_evs if len(_ranks(b_evs)) < len(_ranks(a_evs)) else a_evs + b_evs
+        odd = b_evs if _size(b_evs) < _size(a_evs) else a_evs + b_evs
         other = a if odd is b_evs else None
         for ev in odd:
             mine, theirs = (a_evs, b) if _work(ev) == a else (b_evs, a)
