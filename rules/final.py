@@ -17,7 +17,7 @@ from firstfault.schemas import WorkloadRecord
 from .catalog import Catalog, Condition, ExplainsRule, Matcher
 from .early import holds, value_of
 from .model import Ev
-from .order import in_file_order, placed, precedes, root_order, same_clock, uptime_gap
+from .order import file_runs, in_file_order, placed, precedes, root_order, same_clock, uptime_gap
 
 __all__ = ["Edge", "FinalContext", "coverage", "joins", "placed", "reachable", "root_order", "run_explains"]
 
@@ -76,6 +76,14 @@ class FinalContext:
     _children: tuple[int, dict[int, list[Ev]]] | None = None    # (edges seen, id(source) -> targets)
     _tol: tuple[tuple, timedelta] | None = None                 # (what it was worked out from, the tolerance)
     _shift: dict[tuple[str, float], timedelta] = field(default_factory=dict)    # (host, offset) -> timedelta
+    _runs: tuple[int, dict[int, int]] | None = None              # (events seen, order.file_runs of them)
+
+    def runs(self) -> dict[int, int]:
+        """id(event) -> the run of its file it lies in (order.file_runs), worked out again only
+        when the events changed in number."""
+        if self._runs is None or self._runs[0] != len(self.events):
+            self._runs = (len(self.events), file_runs(self.events))
+        return self._runs[1]
 
     def children(self) -> dict[int, list[Ev]]:
         """id(source) -> the events it explains. Edges are only ever appended: the map is extended
@@ -240,10 +248,10 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         gap = uptime_gap(src, tgt)
         if gap is not None:
             return -float(rule.before_s) <= gap <= float(rule.window_s)
-        order = in_file_order(src, tgt)
+        order = in_file_order(src, tgt, ctx.runs())
         return bool(order) if rule.before_s == 0 else order is not None
-    if join == "after_onset" and s_on == t_on and in_file_order(src, tgt) is not None:
-        return bool(in_file_order(src, tgt))      # the same second in one file: line order decides
+    if join == "after_onset" and s_on == t_on and in_file_order(src, tgt, ctx.runs()) is not None:
+        return bool(in_file_order(src, tgt, ctx.runs()))      # the same second in one file: line order decides
     before = _seconds(rule.before_s)
     if tgt.quality == "inherited":
         # An inherited stamp is only a lower bound (the last stamped line above it).
@@ -276,7 +284,7 @@ def _unclocked_follows(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) 
     gap = uptime_gap(src, tgt)
     if gap is not None:
         return gap >= 0 and (rule.window_s is None or rule.join != "after_onset" or gap <= float(rule.window_s))
-    order = in_file_order(src, tgt)
+    order = in_file_order(src, tgt, ctx.runs())
     if order is not None:
         return order
     s_low = ctx.when(src)

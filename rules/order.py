@@ -15,11 +15,18 @@ quality        what the line says                                              a
 
 Two events are ordered by their times only where both bases can decide it: two points
 (beyond the clock tolerance), or a lower bound that already lies after a point. Otherwise
-the FINAL stage decides by what is known causally: line order within one file, the
+the FINAL stage decides by what is known causally: line order within one run of a file, the
 catalog's relations (explains, same fault, refines), and specificity. Pure functions.
+
+A file is one writer's stream only as far as its stamps run forward: ``cat app.log syslog.log
+> all.log`` puts a node's kernel lines below the job's output whatever their times. Where the
+stamps of a file's events step back by more than ``SEGMENT_STEP`` the file holds another run
+(``file_runs``), and line order says nothing across runs: their times decide.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
@@ -35,6 +42,9 @@ LOWER_BOUND = ("inherited",)               # the line was written at or after th
 # How a time is known, in the diagnosis (root_cause.time_basis, symptoms[].first_basis).
 TIME_BASIS = {"exact": "stamped", "no_year": "stamped", "uptime": "uptime", "inherited": "inherited"}
 AT_LEAST = "≥"                             # how every surface marks a lower bound
+# One writer's stamps do not step back by more than this (a clock step or a slow flush stays within
+# it); a larger step back inside one file is where another log was appended to it.
+SEGMENT_STEP = timedelta(seconds=120)
 
 
 def basis_of(quality: str) -> str:
@@ -61,9 +71,34 @@ def placed(ev: Ev) -> bool:
     return ev.corrected_onset is not None and ev.quality in POINT
 
 
-def in_file_order(src: Ev, tgt: Ev) -> bool | None:
-    """Within one file line order is causal order: does ``tgt`` come after ``src``? None across files."""
+def file_runs(events: Iterable[Ev]) -> dict[int, int]:
+    """id(event) -> which run of its file it lies in (0 for the first): a run ends where the stamps
+    (its own or the inherited one of the line above) step back by more than SEGMENT_STEP. An untimed
+    event lies in the run of the events above it."""
+    by_path: dict[str, list[Ev]] = defaultdict(list)
+    for ev in events:
+        if ev.source not in ("scheduler", "metrics"):
+            by_path[ev.path].append(ev)
+    runs: dict[int, int] = {}
+    for evs in by_path.values():
+        run, top = 0, None
+        for ev in sorted(evs, key=lambda e: e.line):
+            t = ev.stamp if ev.quality in POINT or ev.quality in LOWER_BOUND else None
+            if t is not None:
+                if top is not None and t < top - SEGMENT_STEP:
+                    run, top = run + 1, t
+                elif top is None or t > top:
+                    top = t
+            runs[id(ev)] = run
+    return runs
+
+
+def in_file_order(src: Ev, tgt: Ev, runs: dict[int, int] | None = None) -> bool | None:
+    """Within one run of a file line order is causal order: does ``tgt`` come after ``src``? None
+    across files, and across the runs ``runs`` (file_runs) tells apart."""
     if src.path != tgt.path or src.source == "scheduler" or tgt.source == "scheduler":
+        return None
+    if runs is not None and runs.get(id(src), 0) != runs.get(id(tgt), 0):
         return None
     return tgt.line > src.line
 
@@ -72,6 +107,8 @@ def uptime_gap(src: Ev, tgt: Ev) -> float | None:
     """Seconds from ``src`` to ``tgt`` on one host's dmesg uptime clock (same file), else None."""
     a, b = src.fields.get("uptime_s"), tgt.fields.get("uptime_s")
     if src.path != tgt.path or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return None
+    if src.host != tgt.host:                 # two hosts' dmesg in one file: two uptime clocks
         return None
     return float(b) - float(a)
 
@@ -91,14 +128,16 @@ def same_clock(a: Ev, b: Ev) -> bool:
 def precedes(ctx: "FinalContext", a: Ev, b: Ev) -> bool | None:
     """Does ``a`` certainly come before ``b``? True, False (``b`` certainly first) or None (undecided).
 
-    Line order within one file and one dmesg clock decide first; across files two points decide
-    beyond the clock tolerance, and a lower bound decides only when it already lies after the
-    other event's point. A guessed bound never orders anything."""
+    Line order within one run of a file and one dmesg clock decide first; elsewhere two points
+    decide beyond the clock tolerance, and a lower bound decides only when it already lies after
+    the other event's point. A guessed bound never orders anything."""
     if a.path == b.path and a.line != b.line and not {a.source, b.source} & {"scheduler", "metrics"}:
         gap = uptime_gap(a, b)
         if gap is not None and gap != 0:
             return gap > 0
-        return a.line < b.line
+        order = in_file_order(a, b, ctx.runs())
+        if order is not None:
+            return order
     ta, tb = ctx.when(a), ctx.when(b)
     if ta is None or tb is None:
         return None

@@ -82,23 +82,21 @@ class Browser:
 
     def set_file(self, selector: str, path: Path, attempts: int = 50) -> None:
         """Give the file input ``path``. A node id is only good for the document it came from: when a
-        navigation (a login's redirect) replaces the document between the lookup and the call, the
-        lookup is made again in the new one."""
+        navigation (a login's redirect) replaces the document between the lookups and the call, the
+        lookups are made again in the new one."""
         for attempt in range(attempts):
             last = attempt == attempts - 1
-            root = self.send("DOM.getDocument")["root"]["nodeId"]
-            node = self.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
-            if not node:                 # the new document has not got that far yet
-                assert not last, f"no element matches {selector}"
-                time.sleep(0.2)
-                continue
-            try:
-                self.send("DOM.setFileInputFiles", {"files": [str(path)], "nodeId": node})
-                return
+            try:                         # the document may be replaced after any of these three calls
+                root = self.send("DOM.getDocument")["root"]["nodeId"]
+                node = self.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+                if node:
+                    self.send("DOM.setFileInputFiles", {"files": [str(path)], "nodeId": node})
+                    return
+                assert not last, f"no element matches {selector}"   # the new document has not got that far yet
             except RuntimeError as exc:
                 if "Could not find node" not in str(exc) or last:
                     raise
-                time.sleep(0.2)
+            time.sleep(0.2)
 
     def close(self) -> None:
         try:

@@ -345,3 +345,30 @@ def test_one_node_spelled_in_two_cases_is_one_node(tmp_path):
     d = analyze_path(f).diagnosis
     assert d.sub_domain == "host_oom"
     assert d.responsible_nodes == ["orion-01-01"]          # the node as the record (here: the lines) names it, once
+
+
+HANG = SAMPLES / "hang-until-timeout"
+
+
+@pytest.mark.parametrize("syslog_first", [False, True], ids=["app logs first", "kernel logs first"])
+def test_a_file_of_logs_end_to_end_is_ordered_by_its_times_across_them(tmp_path, syslog_first):
+    # `cat logs/app/*.log logs/syslog/*.log > all.log`: h100-03's Xid 79 (11:00) lies below the job's
+    # output, whose time-limit cancel is stamped two hours later. Line order is one writer's order only
+    # while the stamps run forward; across the step back the times decide, and the GPU loss that hung
+    # the job explains the scheduler's kill, as in the bundle.
+    parts = [sorted((HANG / "logs" / "app").glob("*.log")), sorted((HANG / "logs" / "syslog").glob("*.log"))]
+    if syslog_first:
+        parts.reverse()
+    (tmp_path / "all.log").write_text("".join(p.read_text() for group in parts for p in group))
+    bundle = analyze_path(HANG).diagnosis
+    merged = analyze_path(tmp_path / "all.log").diagnosis
+    assert (bundle.status, bundle.sub_domain, bundle.responsible_nodes) == ("attributed", "gpu_fell_off_bus", ["h100-03"])
+    assert (merged.status, merged.sub_domain, merged.responsible_nodes) == ("attributed", "gpu_fell_off_bus", ["h100-03"])
+
+
+def test_within_one_run_of_a_file_line_order_still_decides_against_a_small_step_back():
+    # Two tracebacks of one writer with no stamps between them: line order, as before; a stamp a few
+    # seconds back (a slow flush) is no second log.
+    text = "[2026-11-02 10:00:05,000] INFO step 10\n" + RDZV_TB + "[2026-11-02 10:00:01,000] INFO step 11\n" + KEYERROR
+    d = analyze_files(_worked_workload(), {"logs/app/node-01.log": text}).diagnosis
+    assert (d.status, d.sub_domain) == ("attributed", "rendezvous_error")

@@ -202,9 +202,6 @@ LABELS_IN_DISPUTE = {
     "ho57-roce-gid0-link-local-modify-qp-enodev": "ibv_modify_qp failing with ENODEV is read as the HCA's path "
         "(a weak ib_link_error, the node left out of the rerun, as early.nccl.src.ibv_modify_qp reads No such "
         "device); the label (low) reads the link-local GID 0 in NCCL's INFO line above as a GID-index setting",
-    "ho25-mix-mpijob-elastic-horovod-rank3-137-gloo-reset": "a process ending with exit code 137 (SIGKILL): a weak "
-        "host_oom, as net-hostoom-exit137-ffdl-127 and ho8-k8s-oomkilled-openpai-pvrcnn-exit137-pai-5464 read it, "
-        "unattributed here (the worker pod may have been removed)",
 }
 
 
