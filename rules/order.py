@@ -72,9 +72,9 @@ def placed(ev: Ev) -> bool:
 
 
 def file_runs(events: Iterable[Ev]) -> dict[int, int]:
-    """id(event) -> which run of its file it lies in (0 for the first): a run ends where the stamps
-    (its own or the inherited one of the line above) step back by more than SEGMENT_STEP. An untimed
-    event lies in the run of the events above it."""
+    """id(event) -> which run of its file it lies in, for the events past a file's first run (the
+    rest are in run 0): a run ends where the stamps (its own or the inherited one of the line above)
+    step back by more than SEGMENT_STEP. An untimed event lies in the run of the events above it."""
     by_path: dict[str, list[Ev]] = defaultdict(list)
     for ev in events:
         if ev.source not in ("scheduler", "metrics"):
@@ -82,14 +82,16 @@ def file_runs(events: Iterable[Ev]) -> dict[int, int]:
     runs: dict[int, int] = {}
     for evs in by_path.values():
         run, top = 0, None
-        for ev in sorted(evs, key=lambda e: e.line):
+        evs.sort(key=lambda e: e.line)
+        for ev in evs:
             t = ev.stamp if ev.quality in POINT or ev.quality in LOWER_BOUND else None
             if t is not None:
                 if top is not None and t < top - SEGMENT_STEP:
                     run, top = run + 1, t
                 elif top is None or t > top:
                     top = t
-            runs[id(ev)] = run
+            if run:
+                runs[id(ev)] = run
     return runs
 
 
