@@ -250,8 +250,10 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
             return -float(rule.before_s) <= gap <= float(rule.window_s)
         order = in_file_order(src, tgt, ctx.runs())
         return bool(order) if rule.before_s == 0 else order is not None
-    if join == "after_onset" and s_on == t_on and in_file_order(src, tgt, ctx.runs()) is not None:
-        return bool(in_file_order(src, tgt, ctx.runs()))      # the same second in one file: line order decides
+    if join == "after_onset" and s_on == t_on:
+        order = in_file_order(src, tgt, ctx.runs())
+        if order is not None:
+            return order                  # the same second in one run of a file: line order decides
     before = _seconds(rule.before_s)
     if tgt.quality == "inherited":
         # An inherited stamp is only a lower bound (the last stamped line above it).

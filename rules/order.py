@@ -95,12 +95,12 @@ def file_runs(events: Iterable[Ev]) -> dict[int, int]:
     return runs
 
 
-def in_file_order(src: Ev, tgt: Ev, runs: dict[int, int] | None = None) -> bool | None:
+def in_file_order(src: Ev, tgt: Ev, runs: dict[int, int]) -> bool | None:
     """Within one run of a file line order is causal order: does ``tgt`` come after ``src``? None
     across files, and across the runs ``runs`` (file_runs) tells apart."""
     if src.path != tgt.path or src.source == "scheduler" or tgt.source == "scheduler":
         return None
-    if runs is not None and runs.get(id(src), 0) != runs.get(id(tgt), 0):
+    if runs.get(id(src), 0) != runs.get(id(tgt), 0):
         return None
     return tgt.line > src.line
 
