@@ -139,6 +139,7 @@ class ExtractorCore:
         self.held: deque[Held] = deque()
         self.counters = Counters()
         self._sent_paths: set[tuple[str, int, str]] = set()
+        self._unconfirmed_paths: list[tuple[str, int, str]] = []   # sent, delivery not confirmed yet
         self._unrouted_paths: dict[str, Held] = {}     # files seen before their workload was known
         # Node-scoped lines of the last hold_s seconds, per host, replayed for a workload whose
         # start event arrives after them (a scheduler connector polls; lines do not wait).
@@ -158,6 +159,17 @@ class ExtractorCore:
     def take_failures(self) -> list[Failure]:
         out, self.failures = self.failures, []
         return out
+
+    def outputs_delivered(self) -> None:
+        """Every batch made so far reached the broker: the files they credited stay credited."""
+        self._unconfirmed_paths.clear()
+
+    def outputs_lost(self) -> None:
+        """Batches made since the last delivery may not have reached the broker (the worker reads their
+        lines again): the files they credited are credited again when those lines are, or a workload's
+        evidence inventory would lack them for good."""
+        self._sent_paths.difference_update(self._unconfirmed_paths)
+        self._unconfirmed_paths.clear()
 
     def use_catalog(self, catalog: Catalog) -> None:
         """From the next batch on, extract with ``catalog`` (a newly published one: rules_feed.py)."""
@@ -549,12 +561,58 @@ class ExtractorCore:
                 runs.append(line_runs(occurrences.get(e.signature, ()), files))
             if not events and not new_paths and key not in self._metric_hosts:
                 continue
-            self._sent_paths.update((key[0], key[1], p) for p in new_paths)
+            sent = [(key[0], key[1], p) for p in new_paths]
+            self._sent_paths.update(sent)
+            self._unconfirmed_paths += sent
             batches[key] = EventBatch(workload_id=key[0], attempt=key[1], events=events, paths=new_paths,
                                       metric_hosts=self._metric_hosts.pop(key, []),
                                       line_files=list(files) if any(runs) else [],
                                       lines=runs if any(runs) else [])
         return batches
+
+
+def encode_batch(batch: EventBatch, failures: list[Failure], limit: int | None = None) -> list[bytes]:
+    """The records that carry ``batch``: one, or halves (recursively) of one over ``limit`` bytes; an
+    event that does not encode is left out and noted in ``failures``."""
+    limit = MAX_OUTPUT_BYTES if limit is None else limit
+    try:
+        value = encode(batch)
+    except Exception as exc:
+        return _encode_apart(batch, failures, _reason(exc), limit)
+    if len(value) <= limit:
+        return [value]
+    if len(batch.events) <= 1:
+        failures.append(Failure(f"EventBatch of {len(value)} bytes, over {limit}", "encode", ref=_first_ref(batch)))
+        return []
+    half = len(batch.events) // 2      # the correlator merges batches: any split is the same evidence
+    first = _some_events(batch, range(half))
+    second = _some_events(batch, range(half, len(batch.events))).model_copy(update={"paths": [], "metric_hosts": []})
+    return encode_batch(first, failures, limit) + encode_batch(second, failures, limit)
+
+
+def _encode_apart(batch: EventBatch, failures: list[Failure], reason: str, limit: int) -> list[bytes]:
+    """The batch did not encode: find the events that do not, dead-letter their lines, send the rest."""
+    good = []
+    for i, ev in enumerate(batch.events):
+        try:
+            encode(EventBatch(workload_id="-", events=[ev]))
+            good.append(i)
+        except Exception as exc:
+            failures.append(Failure(_reason(exc), "encode", ref=ev.ref.key()))
+    if len(good) == len(batch.events):      # the batch itself (its id, its paths) is what fails
+        failures.append(Failure(reason, "encode", ref=_first_ref(batch)))
+        return []
+    return encode_batch(_some_events(batch, good), failures, limit)
+
+
+def _some_events(batch: EventBatch, keep) -> EventBatch:
+    """``batch`` with only the events at the indices ``keep``, each with its own lines: ``lines`` is
+    per event, in order, and the correlator's ledger counts an event's lines by that place."""
+    keep = list(keep)
+    lines = [batch.lines[i] for i in keep] if batch.lines else []
+    return batch.model_copy(update={"events": [batch.events[i] for i in keep],
+                                    "lines": lines if any(lines) else [],
+                                    "line_files": batch.line_files if any(lines) else []})
 
 
 def _line_file(rec: RawLine) -> str:
@@ -778,43 +836,13 @@ class ExtractorWorker:
         origin = origin or {}
         for (wid, _), batch in batches.items():
             failures: list[Failure] = []
-            for value in self._encode_batch(batch, failures):
+            for value in encode_batch(batch, failures):
                 why = self._produce(self.cfg.topic("events"), wid.encode(), value)
                 if why is not None:
                     failures.append(Failure(f"events record not produced: {why}", "publish",
                                             ref=_first_ref(batch)))
             self._blame(failures, origin)
             self.core.counters.batches_out += 1
-
-    def _encode_batch(self, batch: EventBatch, failures: list[Failure]) -> list[bytes]:
-        try:
-            value = encode(batch)
-        except Exception as exc:
-            return self._encode_apart(batch, failures, _reason(exc))
-        if len(value) <= MAX_OUTPUT_BYTES:
-            return [value]
-        if len(batch.events) <= 1:
-            failures.append(Failure(f"EventBatch of {len(value)} bytes, over {MAX_OUTPUT_BYTES}", "encode",
-                                    ref=_first_ref(batch)))
-            return []
-        half = len(batch.events) // 2      # the correlator merges batches: any split is the same evidence
-        first = batch.model_copy(update={"events": batch.events[:half]})
-        second = batch.model_copy(update={"events": batch.events[half:], "paths": [], "metric_hosts": []})
-        return self._encode_batch(first, failures) + self._encode_batch(second, failures)
-
-    def _encode_apart(self, batch: EventBatch, failures: list[Failure], reason: str) -> list[bytes]:
-        """The batch did not encode: find the events that do not, dead-letter their lines, send the rest."""
-        good = []
-        for ev in batch.events:
-            try:
-                encode(EventBatch(workload_id="-", events=[ev]))
-                good.append(ev)
-            except Exception as exc:
-                failures.append(Failure(_reason(exc), "encode", ref=ev.ref.key()))
-        if len(good) == len(batch.events):      # the batch itself (its id, its paths) is what fails
-            failures.append(Failure(reason, "encode", ref=_first_ref(batch)))
-            return []
-        return self._encode_batch(batch.model_copy(update={"events": good}), failures)
 
     # ------------------------------------------------------------ the loop
 
@@ -867,9 +895,11 @@ class ExtractorWorker:
             left = self.producer.flush(30)
             self._refused_for_good()
             if left or self._failed_deliveries != failed_before:
+                self.core.outputs_lost()
                 self.rewind(msgs)
             else:
                 self._commit(good)
+                self.core.outputs_delivered()
         self.report_progress()
         self.after_step()
         return len(msgs)
@@ -1213,11 +1243,29 @@ def _first_ref(batch: EventBatch) -> tuple[str, int] | None:
 
 
 def _merge(a: EventBatch | None, b: EventBatch) -> EventBatch:
-    """Two batches of one workload (the correlator merges events by signature, so a list join is exact)."""
+    """Two batches of one workload (the correlator merges events by signature, so a list join is exact);
+    ``b``'s line runs renumbered onto the joined ``line_files``."""
     if a is None:
         return b
+    files = list(a.line_files)
+    index = {f: i for i, f in enumerate(files)}
+
+    def renumbered(runs: list[int]) -> list[int]:
+        out = list(runs)
+        for i in range(0, len(runs), 3):
+            name = b.line_files[runs[i]]
+            if name not in index:
+                index[name] = len(files)
+                files.append(name)
+            out[i] = index[name]
+        return out
+
+    lines = (a.lines or [[] for _ in a.events]) + ([renumbered(r) for r in b.lines] if b.lines else
+                                                   [[] for _ in b.events])
+    known = any(lines)
     return a.model_copy(update={"events": a.events + b.events, "paths": sorted(set(a.paths) | set(b.paths)),
-                                "metric_hosts": sorted(set(a.metric_hosts) | set(b.metric_hosts))})
+                                "metric_hosts": sorted(set(a.metric_hosts) | set(b.metric_hosts)),
+                                "lines": lines if known else [], "line_files": files if known else []})
 
 
 def main(argv: list[str] | None = None) -> int:

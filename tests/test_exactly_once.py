@@ -17,7 +17,8 @@ from firstfault.rules.catalog import load_catalog
 from firstfault.rules.engine import analyze_path
 from firstfault.schemas import SchedulerEvent
 from firstfault.streams.config import StreamConfig
-from firstfault.streams.extractor import ExtractorCore, line_runs
+from firstfault.schemas.avro import decode
+from firstfault.streams.extractor import ExtractorCore, _merge, encode_batch, line_runs
 from firstfault.streams.line_ledger import claim
 from firstfault.streams.workload_state import apply_scheduler, diagnose_state, merge_batch, new_state
 
@@ -99,3 +100,72 @@ def test_a_batch_without_lines_counts_as_delivered():
     single = sum(e.count for e in _state(wl, bare).events.values())
     assert sum(e.count for e in _state(wl, bare + bare).events.values()) == 2 * single
     assert sum(e.count for e in _state(wl, once + once).events.values()) == single
+
+
+def test_a_batch_split_to_fit_the_topic_counts_each_event_by_its_own_lines():
+    """An EventBatch over the record limit goes out in parts (a cascade's batch under a burst); each
+    part carries its own events' lines, so the parts, delivered once or twice, count as the whole."""
+    wl, records = bundle_records(SAMPLES / "gpu-fell-off-bus-32node")
+    whole = _pass(wl, records, 5000)
+    counts = {k: e.count for k, e in _state(wl, whole).events.items()}
+    parts = []
+    for batch in whole:
+        failures: list = []
+        parts += [decode(v) for v in encode_batch(batch, failures, limit=6000)]
+        assert failures == []
+    assert len(parts) > 2 * len(whole)
+    assert all(len(p.lines) in (0, len(p.events)) for p in parts)
+    for delivered in (parts, parts + parts[::-1]):
+        got = _state(wl, delivered)
+        assert {k: e.count for k, e in got.events.items()} == counts
+    assert diagnose_state(got, load_catalog()).to_json() == analyze_path(SAMPLES / "gpu-fell-off-bus-32node").diagnosis.to_json()
+
+
+def test_an_event_the_topic_cannot_carry_leaves_the_others_with_their_own_lines():
+    wl, records = bundle_records(SAMPLES / "worked-example")
+    batch = max(_pass(wl, records, 5000), key=lambda b: len(b.events))
+    bad = 1
+    events = list(batch.events)
+    events[bad] = events[bad].model_copy(update={"count": 2 ** 70})     # past an Avro long
+    failures: list = []
+    sent = [decode(v) for v in encode_batch(batch.model_copy(update={"events": events}), failures)]
+    assert [f.step for f in failures] == ["encode"] and failures[0].ref == events[bad].ref.key()
+    assert [e.signature for p in sent for e in p.events] == [e.signature for i, e in enumerate(events) if i != bad]
+    assert [r for p in sent for r in p.lines] == [r for i, r in enumerate(batch.lines) if i != bad]
+
+
+def test_batches_joined_for_one_publish_keep_each_events_lines():
+    """A batch that fails as a whole is extracted record by record and the results joined (the
+    worker's fallback): the joined batch names each event's own lines, delivered once or twice."""
+    wl, records = bundle_records(SAMPLES / "worked-example")
+    counts = {k: e.count for k, e in _state(wl, _pass(wl, records, 700)).events.items()}
+    core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+    core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    ts = int(wl.start_time.timestamp() * 1000)
+    joined: dict = {}
+    for _, rec in records:
+        for key, batch in core.handle([(rec, ts)]).items():
+            joined[key] = _merge(joined.get(key), batch)
+    sent = [decode(v) for b in joined.values() for v in encode_batch(b, [])]
+    assert len(sent) == 1 and len(sent[0].lines) == len(sent[0].events) > 1
+    assert {k: e.count for k, e in _state(wl, sent + sent).events.items()} == counts
+
+
+def test_files_credited_by_a_batch_that_was_not_delivered_are_credited_again_when_it_is_read_again():
+    """The worker reads a batch again when some of its output did not reach the broker: the evidence
+    inventory (which files hold lines) must come out again with it, not only the events."""
+    wl, records = bundle_records(SAMPLES / "worked-example")
+    core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+    core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    ts = int(wl.start_time.timestamp() * 1000)
+    batch = [(r, ts) for _, r in records]
+
+    def credited(batches) -> set[str]:
+        return {p for b in batches.values() for p in b.paths}
+
+    paths = credited(core.handle(batch))
+    assert len(paths) > 1
+    core.outputs_lost()
+    assert credited(core.handle(batch)) == paths
+    core.outputs_delivered()
+    assert credited(core.handle(batch)) == set()         # delivered: sent once

@@ -21,7 +21,7 @@ from firstfault.connectors.shipper import ship, ship_many
 from firstfault.rules.engine import analyze_path
 
 from conftest import sample_dirs
-from stream_pipeline import pipeline_cfg, read_finals, running_pipeline
+from stream_pipeline import drain, pipeline_cfg, read_finals, running_pipeline
 
 pytest_plugins = ["conftest_kafka"]
 STREAM_ONLY = ("revision", "provisional")
@@ -331,17 +331,49 @@ def parity_run(kafka_bootstrap, tmp_path_factory) -> dict[str, tuple[dict, list]
     with running_pipeline(cfg, tmp / "workers") as cfg:
         ship_many(list(bundles.values()), cfg)
         got = read_finals(cfg, lambda out: set(out) >= set(expected), timeout=180)
-    return {label: (want, got.get(wid, [])) for wid, (label, want) in expected.items()}
+    return {label: (want, got.get(wid, []), cfg, wid, bundles[label]) for wid, (label, want) in expected.items()}
+
+
+def _events_apart(cfg, workload_id: str, bundle: Path) -> str:
+    """Where the stream's evidence for ``workload_id`` (its EventBatches on the events topic, merged as
+    the correlator merges them) differs from analyze's events: what a differing diagnosis_id hashed."""
+    from firstfault.rules.catalog import load_catalog
+    from firstfault.rules.engine import analyze_bundle
+    from firstfault.rules.intake import open_input
+    from firstfault.rules.model import Ev
+    from firstfault.schemas.avro import decode
+    from firstfault.streams.workload_state import merge_events
+
+    events: dict = {}
+    versions: dict = {}
+    ledger: dict = {}
+    paths: set[str] = set()
+    for m in drain(cfg, cfg.topic("events"), lambda got: False, timeout=8):
+        batch = decode(m.value())
+        if getattr(batch, "workload_id", None) == workload_id:
+            merge_events(events, versions, batch.events, ledger, batch.line_files, batch.lines)
+            paths |= set(batch.paths)
+    stream = {sig: Ev.from_schema(e).canonical() for sig, e in events.items()}
+    intake = open_input(bundle)
+    kept = analyze_bundle(intake.bundle, load_catalog(), intake=intake, keep_events=True).events
+    offline = {e.signature: e.canonical() for e in kept}
+    out = [f"only in the stream: {sorted(set(stream) - set(offline))[:5]}",
+           f"only offline: {sorted(set(offline) - set(stream))[:5]}", f"stream paths: {sorted(paths)}"]
+    for sig in sorted(set(stream) & set(offline)):
+        if stream[sig] != offline[sig]:
+            out.append(f"{sig!r}: stream {stream[sig]} offline {offline[sig]}")
+    return "\n".join(out[:20])
 
 
 @pytest.mark.parametrize("label", _labels())
 def test_every_kind_of_evidence_travels(parity_run, label):
-    want, finals = parity_run[label]
+    want, finals, cfg, workload_id, bundle = parity_run[label]
     assert finals, f"{label}: no final diagnosis on the topic"
     assert finals[0].revision == 0
     got = _bare(finals[0])
     differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-    assert not differ, f"{label}: the stream's diagnosis differs from analyze in {differ}"
+    assert not differ, (f"{label}: the stream's diagnosis differs from analyze in {differ}\n"
+                        + _events_apart(cfg, workload_id, bundle))
 
 
 # ----------------------------------------------------------------- bare files (issue 25)
