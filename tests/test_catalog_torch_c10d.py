@@ -121,3 +121,26 @@ def test_no_gpus_beside_a_gpu_loss_on_that_host_is_never_a_confident_config_erro
     d = diag({"logs/syslog/node-02.log": xid,
               "logs/app/node-02.log": "ValueError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!\n"})
     assert not (d.status == "attributed" and d.sub_domain == "nccl_config_error")
+
+
+# reducer.cpp verify_params_across_processes: DDP's constructor all-gathers the ranks' parameter counts.
+DDP_ZERO = ("[rank2]: RuntimeError: DDP expects same model across all ranks, but Rank 2 has 51 params, "
+            "while rank 0 has inconsistent 0 params.")                 # hpc-community.unige.ch/t/4301
+DDP_COUNT = ("RuntimeError: DDP expects same model across all ranks, but Rank 6 has 59 params, "
+             "while rank 0 has inconsistent 48 params.")               # pomonam/kronfluence#41
+ALLGATHER_WD = ("[rank{rank}]:[E606 09:09:08.164985364 ProcessGroupNCCL.cpp:757] [Rank {rank}] Watchdog caught collective "
+                "operation timeout: WorkNCCL(SeqNum=1, OpType=ALLGATHER, NumelIn=1, NumelOut=4, Timeout(ms)=600000) "
+                "ran for 600004 milliseconds before timing out.")     # the same thread
+
+
+def test_a_peer_count_of_0_is_the_allgather_that_did_not_deliver_not_a_model_mismatch():
+    alone = diag({"logs/app/node-01.log": DDP_ZERO + "\n"})
+    after_timeouts = diag({"logs/app/node-01.log": lines(ALLGATHER_WD, range(4)) + DDP_ZERO + "\n"})
+    for d in (alone, after_timeouts):
+        assert (d.status, d.sub_domain) == ("unattributed", "unattributed")
+        assert d.recovery.action not in ("drain_nodes", "retry_excluding_nodes")
+
+
+def test_a_peer_count_other_than_0_is_the_ranks_models_differing():
+    d = diag({"logs/app/node-01.log": DDP_COUNT + "\n"})
+    assert (d.status, d.sub_domain) == ("attributed", "user_code_exception")

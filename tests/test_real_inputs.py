@@ -175,6 +175,9 @@ RECOVERY_GAPS = {
     "ho37-nccltests-802-system-not-initialized": "the label's low confidence turns the nvswitch_fatal drain into an "
         "exclusion; the engine reads CUDA 802 on its host as the earlier medium-confidence label of the same line "
         "does (ho10-gpu-fm-not-ready-802-h100x8-nccltests-264: drain_nodes): the fabric is down on that node",
+    "ho64-unattended-upgrade-nvml-mismatch-2-nodes": "the hosts are only in a user's shell loop's headers "
+        "('=== gpu-worker-1 ===') above nvidia-smi's output, which names none: like a prompt (ho16) or a "
+        "diagnostics header (ho41), no header is read as scoping the lines below it, so no node is drained",
 }
 NODE_ACTIONS = ("drain_nodes", "retry_excluding_nodes")
 # Blind labels that disagree with an earlier round's label of the same kind of line (or with the contract's
