@@ -139,7 +139,13 @@ class ExtractorCore:
         self.held: deque[Held] = deque()
         self.counters = Counters()
         self._sent_paths: set[tuple[str, int, str]] = set()
-        self._unconfirmed_paths: list[tuple[str, int, str]] = []   # sent, delivery not confirmed yet
+        # What the batches made since the last confirmed delivery used up, restored if they are lost:
+        # the files they credited, the held lines and unrouted files they routed, the starts they replayed.
+        self._unconfirmed_paths: list[tuple[str, int, str]] = []
+        self._unconfirmed_held: list[Held] = []
+        self._unconfirmed_unrouted: dict[str, Held] = {}
+        self._unconfirmed_starts: list[Allocation] = []
+        self._starts_again: list[Allocation] = []       # starts whose replay was lost: replayed at the next retry
         self._unrouted_paths: dict[str, Held] = {}     # files seen before their workload was known
         # Node-scoped lines of the last hold_s seconds, per host, replayed for a workload whose
         # start event arrives after them (a scheduler connector polls; lines do not wait).
@@ -160,16 +166,36 @@ class ExtractorCore:
         out, self.failures = self.failures, []
         return out
 
+    def unconfirmed(self) -> bool:
+        """Batches were made whose delivery the worker has not confirmed (or reported lost) yet."""
+        return bool(self._unconfirmed_paths or self._unconfirmed_held or self._unconfirmed_unrouted
+                    or self._unconfirmed_starts)
+
     def outputs_delivered(self) -> None:
-        """Every batch made so far reached the broker: the files they credited stay credited."""
+        """Every batch made so far reached the broker."""
         self._unconfirmed_paths.clear()
+        self._unconfirmed_held.clear()
+        self._unconfirmed_unrouted.clear()
+        self._unconfirmed_starts.clear()
 
     def outputs_lost(self) -> None:
-        """Batches made since the last delivery may not have reached the broker (the worker reads their
-        lines again): the files they credited are credited again when those lines are, or a workload's
-        evidence inventory would lack them for good."""
+        """Batches made since the last confirmed delivery may not have reached the broker. The worker reads
+        the raw lines of its batch again; what else those batches used up is put back, to be made again: the
+        files they credited (credited again when their lines are read again, or a workload's evidence
+        inventory would lack them for good), the held lines and unrouted files they routed (retried), the
+        recent lines replayed to a new workload (replayed again). What did arrive merges once: the
+        correlator counts a line once (EventBatch.lines) and a file's credit is a set."""
         self._sent_paths.difference_update(self._unconfirmed_paths)
-        self._unconfirmed_paths.clear()
+        self.held = deque(self._unconfirmed_held + list(self.held))
+        for key, h in self._unconfirmed_unrouted.items():
+            self._unrouted_paths.setdefault(key, h)
+        self._starts_again += [a for a in self._unconfirmed_starts if all(a is not b for b in self._starts_again)]
+        self._unconfirmed_paths, self._unconfirmed_held, self._unconfirmed_unrouted = [], [], {}
+        self._unconfirmed_starts = []
+
+    def has_waiting(self) -> bool:
+        """Lines, files, samples or replays wait for ``retry_held``."""
+        return bool(self.held or self._unrouted_paths or self.metric_pending or self._starts_again)
 
     def use_catalog(self, catalog: Catalog) -> None:
         """From the next batch on, extract with ``catalog`` (a newly published one: rules_feed.py)."""
@@ -469,6 +495,7 @@ class ExtractorCore:
         paths: dict[tuple[str, int], set[str]] = {}
         stats = ExtractStats()
         key = (alloc.workload.workload_id, alloc.workload.attempt)
+        self._unconfirmed_starts.append(alloc)
         waiting = {id(h.rec) for h in self.held}      # retry_held routes those; do not count them twice
         for host in alloc.workload.nodes:
             for h in [h for h in self._recent.get(host, ())
@@ -504,6 +531,7 @@ class ExtractorCore:
             try:
                 allocs = self.route(h.rec, h.ts_ms)
                 if allocs:
+                    self._unconfirmed_held.append(h)
                     hits = self.prefilter.scan(line_bytes(h.rec))
                     if hits:
                         self._extract(h.rec, hits[0], allocs, out, stats, above=h.above)
@@ -524,6 +552,7 @@ class ExtractorCore:
                     for a in self._horizon(h.rec, allocs)[0]:
                         paths.setdefault((a.workload.workload_id, a.workload.attempt), set()).add(h.rec.path)
                     del self._unrouted_paths[key]
+                    self._unconfirmed_unrouted[key] = h
                 elif now - h.since > self.cfg.hold_s:
                     del self._unrouted_paths[key]
             except Exception as exc:
@@ -541,7 +570,13 @@ class ExtractorCore:
                 self.metric_pending.pop()
                 self.counters.unrouted_lines += 1
         self._drain_metrics(fed, out)
-        return self._batches(out, paths), expired
+        batches = self._batches(out, paths)
+        again, self._starts_again = self._starts_again, []
+        for alloc in again:
+            if self.timeline.get(alloc.workload.workload_id, alloc.workload.attempt) is alloc:
+                for key, batch in self.started(alloc, now).items():
+                    batches[key] = _merge(batches.get(key), batch)
+        return batches, expired
 
     def _batches(self, out: dict, paths: dict) -> dict[tuple[str, int], EventBatch]:
         batches: dict[tuple[str, int], EventBatch] = {}
@@ -888,17 +923,20 @@ class ExtractorWorker:
         if records:
             self.publish(self._handle(records, origin, texts), origin)
             self._place_held(origin)
-        if self.core.held or self.core._unrouted_paths or self.core.metric_pending:
+        if self.core.has_waiting():
             self._retry_held()
-        if msgs:
-            # At least once: everything produced for this batch is delivered before its offsets commit.
+        if msgs or self.core.unconfirmed():
+            # At least once: everything produced for this batch is delivered before its offsets commit;
+            # what was lost is read (the batch) or made (held lines, replays, credits) again.
             left = self.producer.flush(30)
             self._refused_for_good()
             if left or self._failed_deliveries != failed_before:
                 self.core.outputs_lost()
-                self.rewind(msgs)
+                if msgs:
+                    self.rewind(msgs)
             else:
-                self._commit(good)
+                if msgs:
+                    self._commit(good)
                 self.core.outputs_delivered()
         self.report_progress()
         self.after_step()

@@ -235,6 +235,7 @@ def rediagnose(cfg: StreamConfig, chosen: dict[Key, Chosen], catalog: Catalog, m
 
     def run(batch: list[tuple[RawLine, int]]) -> None:
         batches = core.handle(batch)
+        core.outputs_delivered()                                  # merged here at once: nothing to make again
         counts["raw_unreadable"] += len(core.take_failures())     # lines the engine raised on: left out
         for key, out in batches.items():
             if key in events:

@@ -169,3 +169,30 @@ def test_files_credited_by_a_batch_that_was_not_delivered_are_credited_again_whe
     assert credited(core.handle(batch)) == paths
     core.outputs_delivered()
     assert credited(core.handle(batch)) == set()         # delivered: sent once
+
+
+def test_held_lines_and_a_start_replay_whose_batches_were_lost_are_made_again():
+    """Lines read before their workload's start wait (held), and a start replays a host's recent lines;
+    the batches those make are not a raw batch the worker can read again. If their delivery fails they
+    are made again, and merged with what did arrive they count once."""
+    wl, records = bundle_records(SAMPLES / "gpu-fell-off-bus-32node")
+    once = _pass(wl, records, 700)
+    counts = {k: e.count for k, e in _state(wl, once).events.items()}
+    core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+    ts = int(wl.start_time.timestamp() * 1000)
+    assert core.handle([(r, ts) for _, r in records]) == {}           # nothing routed yet
+    assert core.held
+    alloc = core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    first = list(core.started(alloc).values()) + list(core.retry_held()[0].values())
+    assert first and not core.held and core.unconfirmed()
+    core.outputs_lost()                                                # none of them reached the broker
+    assert core.held and core.has_waiting()
+    again = list(core.retry_held()[0].values())
+    core.timeline.apply(SchedulerEvent(type="end", workload=wl, ts=wl.end_time or wl.start_time))
+    again += core.retry_held()[0].values()
+    core.outputs_delivered()
+    assert not core.unconfirmed() and not core.has_waiting() and core.retry_held()[0] == {}
+    for delivered in (again, first + again):
+        got = _state(wl, delivered)
+        assert {k: e.count for k, e in got.events.items()} == counts
+    assert diagnose_state(got, load_catalog()).to_json() == analyze_path(SAMPLES / "gpu-fell-off-bus-32node").diagnosis.to_json()
