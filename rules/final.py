@@ -227,17 +227,11 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         # ran (or minus the timeout when the line does not say). A fault causes the hang if it
         # happened within about one training step of that moment, either side: the waiting
         # ranks got there first, or the failing rank died before they arrived.
-        if s_on is None or t_seen is None:
+        began = hang_onset(ctx, tgt)
+        if s_on is None or began is None:
             return False
-        if tgt.onset is not None and tgt.onset != tgt.stamp and tgt.corrected_onset is not None:
-            hang_onset = tgt.corrected_onset
-        else:
-            try:
-                hang_onset = t_seen - timedelta(milliseconds=ctx.timeout_ms(tgt))
-            except OverflowError:           # a stamp near year 1: no hang before it to place
-                return False
         slack = _seconds(float(ctx.settings["hang_slack_s"])) + tol
-        return abs(s_on - hang_onset) <= slack
+        return abs(s_on - began) <= slack
     if s_on is None or t_on is None:
         # Untimed events join on place; a window is checked on the file's own clock (dmesg uptime)
         # or, lacking one, on line order (within one file, line order is causal order).
@@ -263,6 +257,20 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     if rule.window_s is not None and t_on - s_on > _seconds(float(rule.window_s)) + tol:
         return False
     return True
+
+
+def hang_onset(ctx: FinalContext, report: Ev) -> datetime | None:
+    """When the hang a watchdog line reports began: the collective's start the line states (its
+    corrected onset), else the line's time minus the stated (or longest known) timeout."""
+    seen = ctx.seen(report)
+    if seen is None:
+        return None
+    if report.onset is not None and report.onset != report.stamp and report.corrected_onset is not None:
+        return report.corrected_onset
+    try:
+        return seen - timedelta(milliseconds=ctx.timeout_ms(report))
+    except OverflowError:                   # a stamp near year 1: no hang before it to place
+        return None
 
 
 @lru_cache(maxsize=256)
@@ -293,6 +301,11 @@ def _unclocked_follows(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) 
     t_time = ctx.seen(tgt) if placed(tgt) else None
     if s_low is not None and t_time is not None and s_low > t_time + ctx.tol():
         return False
+    if rule.join == "within_timeout_window" and s_low is not None and placed(tgt):
+        # Its lower bound after the hang began (past the slack): it came during the hang, not before it.
+        began = hang_onset(ctx, tgt)
+        if began is not None and s_low - began > _seconds(float(ctx.settings["hang_slack_s"])) + ctx.tol():
+            return False
     return True
 
 

@@ -372,3 +372,33 @@ def test_within_one_run_of_a_file_line_order_still_decides_against_a_small_step_
     text = "[2026-11-02 10:00:05,000] INFO step 10\n" + RDZV_TB + "[2026-11-02 10:00:01,000] INFO step 11\n" + KEYERROR
     d = analyze_files(_worked_workload(), {"logs/app/node-01.log": text}).diagnosis
     assert (d.status, d.sub_domain) == ("attributed", "rendezvous_error")
+
+
+AMBIGUOUS = SAMPLES / "ambiguous-two-faults"
+
+
+def _ib_fault_moved() -> dict[str, str]:
+    """The two-fault sample with node-06's port error told later: its kernel 'Link DOWN' and NCCL's two
+    unstamped async-event lines (moved below the first watchdog line of that file, so their time is only
+    the lower bound that line gives)."""
+    files = {str(p.relative_to(AMBIGUOUS)): p.read_text() for p in sorted((AMBIGUOUS / "logs").rglob("*.log"))}
+    app = files["logs/app/node-06.log"].splitlines()
+    moved = [line for line in app if "Got async event : port error" in line]
+    app = [line for line in app if line not in moved]
+    at = next(i for i, line in enumerate(app) if "Watchdog caught collective operation timeout" in line)
+    app[at + 1:at + 1] = moved
+    files["logs/app/node-06.log"] = "\n".join(app) + "\n"
+    syslog = files["logs/syslog/node-06.log"]
+    files["logs/syslog/node-06.log"] = syslog.replace("Nov  5 16:20:42 node-06 kernel: mlx5_core",
+                                                      "Nov  5 16:30:40 node-06 kernel: mlx5_core")
+    assert files["logs/syslog/node-06.log"] != syslog and len(moved) == 2
+    return files
+
+
+def test_a_fault_reported_inside_a_hang_another_fault_began_did_not_start_it():
+    wl = json.loads((AMBIGUOUS / "workload.json").read_text())
+    assert analyze_path(AMBIGUOUS).diagnosis.status == "ambiguous"       # both at 16:20:4x: nothing orders them
+    d = analyze_files(wl, _ib_fault_moved()).diagnosis
+    # The port error is told ten minutes into the hang the Xid 48 began (the watchdogs ran 600 s); an
+    # unstamped line's inherited time is a lower bound, and it is past the hang's start.
+    assert (d.status, d.sub_domain, d.responsible_nodes) == ("attributed", "gpu_memory_ecc", ["node-03"])
