@@ -183,3 +183,14 @@ def test_falling_back_to_the_internal_plugin_alone_is_no_failure_cause():
     text = f"{GIB_POD}:556:556 [1] NCCL INFO NET/Plugin: Using internal network plugin.\n"
     d = diag({"logs/app/pod.log": text}, nodes=[GIB_POD])
     assert d.status != "attributed"
+
+
+def test_a_connect_to_a_link_local_address_is_the_interface_nccl_picked():
+    # verl-project/verl#726: the peer NCCL was given is 169.254.0.1, which no other host can reach.
+    link_local = "socketStartConnect: Connect to 169.254.0.1<40815> failed : Software caused connection abort"
+    d = diag({"logs/app/node-01.log": link_local + "\n"})
+    assert (d.status, d.sub_domain) == ("attributed", "nccl_config_error")
+    assert d.recovery.action == "notify_owner" and "NCCL_SOCKET_IFNAME" in d.root_cause.message
+    # pytorch/pytorch#131781: the same error to a routable peer stays a (weak) network fault.
+    routable = "[rank9]: socketStartConnect: Connect to 10.15.13.105<42639> failed : Software caused connection abort"
+    assert diag({"logs/app/node-01.log": routable + "\n"}).sub_domain == "network_error"

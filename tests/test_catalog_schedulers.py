@@ -247,3 +247,20 @@ def test_azure_ml_preempting_low_priority_nodes_is_a_preemption():
     d = diag({"logs/app/70_driver_log.txt": line})
     assert (d.status, d.sub_domain) == ("attributed", "preempted")
     assert d.recovery.nodes == []
+
+
+# NVIDIA/deepops#1179: a two-node srun --mpi=pmix whose first fence never completes.
+PMIX_TIMEOUT = [
+    "slurmstepd: error:  mpi/pmix_v3: pmixp_coll_ring_reset_if_to: adas-ml [0]: pmixp_coll_ring.c:742: 0x14ce0c02cb20: collective timeout seq=0",
+    "slurmstepd: error:  mpi/pmix_v3: pmixp_coll_log: adas-ml [0]: pmixp_coll.c:281: Dumping collective state",
+    "slurmstepd: error:  mpi/pmix_v3: pmixp_coll_ring_log: adas-ml [0]: pmixp_coll_ring.c:760: 0x14ce0c02cb20: COLL_FENCE_RING state seq=0",
+    "slurmstepd: error:  mpi/pmix_v3: pmixp_coll_ring_log: adas-ml [0]: pmixp_coll_ring.c:769: neighbor id: next 1:adas-ml-2, prev 1:adas-ml-2",
+]
+
+
+def test_a_pmix_fence_that_times_out_is_a_group_never_formed_and_no_node_leaves():
+    d = diag({"logs/app/job.log": "\n".join(PMIX_TIMEOUT) + "\n"}, nodes=["adas-ml", "adas-ml-2"])
+    assert (d.status, d.sub_domain) == ("attributed", "rendezvous_error")
+    assert d.recovery.action not in ("drain_nodes", "retry_excluding_nodes")
+    # The state it dumps alone says nothing of a timeout.
+    assert diag({"logs/app/job.log": "\n".join(PMIX_TIMEOUT[1:]) + "\n"}, nodes=["adas-ml", "adas-ml-2"]).status == "unattributed"

@@ -178,6 +178,9 @@ RECOVERY_GAPS = {
     "ho64-unattended-upgrade-nvml-mismatch-2-nodes": "the hosts are only in a user's shell loop's headers "
         "('=== gpu-worker-1 ===') above nvidia-smi's output, which names none: like a prompt (ho16) or a "
         "diagnostics header (ho41), no header is read as scoping the lines below it, so no node is drained",
+    "ho69-ddp-syncbn-gpu-lost-ailcm": "the excerpt lost the Xid: nvidia-smi's 'GPU is lost. Reboot the system' "
+        "and the kernel's NVRM lines say the GPU is gone, not what took it; without the driver's own report "
+        "the node is excluded from the rerun, not drained",
 }
 NODE_ACTIONS = ("drain_nodes", "retry_excluding_nodes")
 # Blind labels that disagree with an earlier round's label of the same kind of line (or with the contract's
