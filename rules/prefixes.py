@@ -454,8 +454,10 @@ _LOG_LEVELS = frozenset(("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"
 
 
 def _iso_host(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
-    if m["prog"] in _LOG_LEVELS:
-        return False                      # a logger's name, not a host: read as a bare stamp
+    if m["prog"] in _LOG_LEVELS or m["host"] in _LOG_LEVELS:
+        # a logger's level and name ("%(asctime)s %(levelname)s %(name)s: "), not a host and a
+        # program: read as a bare stamp
+        return False
     _iso(m, head, ctx)
     if m["pid"] and head.pid is None:
         head.pid = int(m["pid"])

@@ -138,3 +138,22 @@ def test_a_bad_address_from_a_write_is_no_user_bug():
             "OSError: [Errno 14] Bad address\n")
     d = diag({"logs/app/train.log": text})
     assert d.status == "unattributed"
+
+
+def test_a_build_without_code_for_this_gpu_is_the_jobs_software_never_the_node():
+    # ademakdogan/nails_segmentation#8 (CUDA) and ROCm/ROCm#2061 (HIP's form of it)
+    for line in ("RuntimeError: CUDA error: no kernel image is available for execution on the device",
+                 '"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"'):
+        d = diag({"logs/app/node-01.log": line + "\n"})
+        assert (d.status, d.sub_domain) == ("attributed", "user_code_exception"), line
+        assert d.recovery.action == "notify_owner"
+
+
+def test_a_libraries_failed_cuda_call_is_read_by_its_cuda_error_not_as_the_programs_bug():
+    # deepseek-ai/DeepEP#584: the post broke the line before the error string; #104: on one line.
+    cut = diag({"logs/app/node-01.log": "RuntimeError: Failed: CUDA error /sgl-workspace/DeepEP/csrc/deep_ep.cpp:200\n"
+                                        "'peer access is not supported between these two devices'\n"})
+    assert cut.status == "unattributed"
+    whole = diag({"logs/app/node-01.log": "RuntimeError: Failed: CUDA error /sgl-workspace/DeepEP/csrc/deep_ep.cpp:200 "
+                                          "'peer access is not supported between these two devices'\n"})
+    assert (whole.status, whole.sub_domain) == ("attributed", "nccl_config_error")     # early.cuda.peer_access_unsupported

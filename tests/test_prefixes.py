@@ -39,6 +39,10 @@ CTX = StampContext(zone=timezone.utc, anchor=datetime(2026, 11, 2, 10, tzinfo=ti
     # vLLM worker tag and logger (snowflakedb/ArcticInference#175)
     ("(VllmWorker rank=0 pid=104) ERROR 09-09 02:24:28 [multiproc_executor.py:522] ValueError: output tensor size must be equal to world_size times input tensor size",
      "ValueError: output tensor size must be equal to world_size times input tensor size", "2026-09-09T02:24:28.000000Z", 0, None),
+    # Python logging's "%(asctime)s %(levelname)s %(name)s: " (ai-dynamo/dynamo#1229): a level, not a host
+    ("2025-05-28T03:35:37.857Z ERROR engine.run_mp_engine: CUDA error: peer access is not supported between these two devices",
+     "ERROR engine.run_mp_engine: CUDA error: peer access is not supported between these two devices",
+     "2025-05-28T03:35:37.857000Z", None, None),
     # dmesg -T (leptonai/gpud testdata)
     ("[Sun Feb 23 16:24:18 2025] NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi",
      "NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi", "2025-02-23T16:24:18.000000Z", None, None),
