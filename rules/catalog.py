@@ -704,7 +704,6 @@ def _load_cached(overlay: str | None) -> Catalog:
     files = catalog_files(BUILTIN_CATALOG, Path(overlay) if overlay else None)
     root = overlay or str(BUILTIN_CATALOG)
     version = catalog_version(files)
-    load_builtin_decoders()
     return catalog_cache.load(version, root, lambda: _build(files, root, strict=True, version=version)[0])
 
 

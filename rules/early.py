@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .catalog import Catalog, Condition, EarlyRule
-from .decoders import DECODERS, Tag
+from .decoders import Tag, decoder_named
 from .model import Ev
 
 
@@ -116,33 +116,91 @@ def may_be_strong_root(catalog: Catalog, kind: str) -> bool:
                for r in _rules_for(catalog, kind))
 
 
+@lru_cache(maxsize=4096)
+def _read_by(catalog: Catalog, kind: str) -> tuple[str, ...] | None:
+    """What the EARLY rules of this kind read (their ``when`` keys), when that alone decides which of them
+    fire: no decoder among them (a decoder's tag, and what later rules then see, depends on the whole
+    event). A tag's fields are constants and its role goes only where none is: the rest follows."""
+    rules = _rules_for(catalog, kind)
+    if any(r.action == "decode" for r in rules):
+        return None
+    return tuple(dict.fromkeys(key for r in rules for key, _ in r.when.terms))
+
+
+@lru_cache(maxsize=8)
+def _fired(catalog: Catalog) -> dict[tuple, tuple[tuple[EarlyRule, str], ...]]:
+    """(kind, role, the values its rules read) -> the rules that fired and what they did: a cascade's
+    thousands of events of one kind and the same fields are run through the rules once."""
+    return {}
+
+
 def run_early(catalog: Catalog, events: Iterable[Ev]) -> tuple[list[Ev], EarlyTrail]:
     """Tag every event; drop noise. Returns (kept events, trail). Pure apart from mutating events."""
     trail = EarlyTrail()
     kept: list[Ev] = []
+    memo = _fired(catalog)
     for ev in events:
-        dropped = False
-        for rule in _rules_for(catalog, ev.kind):
-            if not holds(rule.when, ev):
-                continue
-            if rule.action == "drop":
-                ev.role = ev.role or "noise"
-                trail.note(rule, ev, "drop")
-                dropped = True
-                break
-            if rule.action == "tag" and rule.tag is not None:
-                apply_tag(ev, rule.tag, rule.output)
-                ev.early_rules.append(rule.id)
-                trail.note(rule, ev, "tag")
-            elif rule.action == "decode" and rule.decoder:
-                tag = DECODERS[rule.decoder](decoder_input(ev))
-                if tag is not None:
-                    apply_tag(ev, tag, rule.output)
-                ev.early_rules.append(rule.id)
-                trail.note(rule, ev, "decode")
+        key = _fired_key(catalog, ev)
+        done = memo.get(key) if key is not None else None
+        if done is None:
+            done = _run_rules(catalog, ev)
+            if key is not None:
+                if len(memo) >= 4096:
+                    memo.clear()
+                memo[key] = done
+            dropped = any(action == "drop" for _, action in done)
+        else:
+            dropped = False
+            for rule, action in done:         # as _run_rules did it, on this event
+                if action == "drop":
+                    ev.role = ev.role or "noise"
+                    dropped = True
+                else:
+                    apply_tag(ev, rule.tag, rule.output)
+                    ev.early_rules.append(rule.id)
+        for rule, action in done:
+            trail.note(rule, ev, action)
         if ev.role is None:
             ev.role = "context"         # nothing claimed it: kept for the timeline, never blamed
         if dropped or ev.role == "noise":
             continue
         kept.append(ev)
     return kept, trail
+
+
+def _fired_key(catalog: Catalog, ev: Ev) -> tuple | None:
+    """The memo key of ``ev`` (None: not remembered): its kind and role and each value its rules read, with
+    its type (the terms compare str() forms too: 1, True and "1" read apart)."""
+    keys = _read_by(catalog, ev.kind)
+    if keys is None:
+        return None
+    values = tuple((type(v), v) for v in (value_of(ev, k) for k in keys))
+    key = (ev.kind, ev.role, values)
+    try:
+        hash(key)
+    except TypeError:                   # a list or dict field: not remembered
+        return None
+    return key
+
+
+def _run_rules(catalog: Catalog, ev: Ev) -> tuple[tuple[EarlyRule, str], ...]:
+    """The EARLY rules of ``ev``'s kind, in priority order, applied to it: what fired, in order."""
+    done: list[tuple[EarlyRule, str]] = []
+    for rule in _rules_for(catalog, ev.kind):
+        if not holds(rule.when, ev):
+            continue
+        if rule.action == "drop":
+            ev.role = ev.role or "noise"
+            done.append((rule, "drop"))
+            break
+        if rule.action == "tag" and rule.tag is not None:
+            apply_tag(ev, rule.tag, rule.output)
+            ev.early_rules.append(rule.id)
+            done.append((rule, "tag"))
+        elif rule.action == "decode" and rule.decoder:
+            tag = decoder_named(rule.decoder)(decoder_input(ev))
+            if tag is not None:
+                apply_tag(ev, tag, rule.output)
+            ev.early_rules.append(rule.id)
+            done.append((rule, "decode"))
+    return tuple(done)

@@ -9,6 +9,7 @@ patterns read. Pure function of the line and a :class:`StampContext`.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,8 +76,12 @@ _GLOG_BRACKET = re.compile(
 _GLOG_BARE = re.compile(
     r"(?P<level>[EWIF])(?P<mo>\d{1,2})(?P<dd>\d\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)\.(?P<frac>\d+)\s+"
     r"\d+ (?P<src>[\w./-]+:\d+)\] ")
-# NCCL: "gpu004:2200689:2200706 [3] "
-_NCCL = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,4})\] ")
+# NCCL: "gpu004:2200689:2200706 [3] ". The device is what cudaGetDevice gave (src/debug.cc); releases that
+# did not initialize it first print whatever int was there when CUDA itself failed ("VM-192-150-centos:2871:
+# 2871 [32523] misc/cudawrap.cc:182 NCCL WARN Cuda failure 'CUDA driver version is insufficient ...'",
+# NVIDIA/cuml#5961; current releases start it at 0): still NCCL's prefix and host, naming no device.
+_NCCL = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,10})\] ")
+_MAX_DEV = 1024                    # no node has more GPUs: a larger number is the uninitialized int
 # Talos / kmsg forwarders: "192.168.11.119: kern: warning: [2026-04-22T21:25:20.458998481Z]: "
 _KMSG_HOST = re.compile(
     r"(?P<host>[\w.:-]+?): (?:kern|user|daemon|auth|syslog):\s+\w+: \[(?P<iso>\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)\]: ")
@@ -285,8 +290,12 @@ def _round(text: str, bar: bool, first: bool) -> _Round:
 # every shape a round. Only the shapes' appliers read values, and they are run again; a chain
 # where one declined (it depends on values: srun after an unreadable stamp) is never kept.
 _ZEROS = bytes.maketrans(b"0123456789", b"0000000000")
-_CHAINS: dict[bytes, tuple[tuple[re.Pattern[str], Callable], ...]] = {}
+_CHAINS: dict[bytes, tuple[tuple, dict]] = {}      # key -> (chain, the heads it read, by prefix text)
 _CHAINS_MAX = 4096                 # then forgotten at once
+# A chain's appliers read only its prefixes' text and the context, so a line whose prefixes are the very
+# text of an earlier line of the same key reads as that one did: a cascade's NCCL lines repeat their
+# "host:pid:tid [dev] " and srun label line after line. Kept per chain (its key fixes every shape's match).
+_HEADS_MAX = 256                   # prefixes a chain remembers, then forgotten at once
 _CHAIN_LINE = 1024                 # longer lines are read, not keyed: the memo stays a few MiB
 # A pointer (printf's %p: NCCL's "opId=0x7f018ec0a720") differs from line to line in its hex letters
 # too. No shape tells a-f from 0-9 inside a whole word "0x<hex>": the classes that reach into it hold
@@ -300,6 +309,22 @@ def _pointer_blind(key: bytes) -> bytes:
     if b"0x" not in key or b"%|" in key:
         return key
     return _POINTER.sub(lambda m: b"0x" + b"0" * (len(m[0]) - 2), key)
+
+
+def _line_keys(data: bytes) -> tuple[bytes, bytes]:
+    """(data with its digits as "0", that with its pointers blinded too): the match memo's key and the
+    chain's. rules/_linekey.c makes both in one pass where it is built (tests/test_prefixes.py: alike)."""
+    zeroed = data.translate(_ZEROS)
+    return zeroed, (_pointer_blind(zeroed) if b"0x" in zeroed else zeroed)      # most lines hold no pointer
+
+
+try:
+    from ._linekey import head_hit as _head_hit, line_keys as _line_keys_c
+except ImportError:                 # not compiled: the pure-Python keys and memo, the same answers
+    _head_hit = _line_keys_c = None
+if os.environ.get("FIRSTFAULT_PURE_PYTHON") == "1":         # as the record decoders (README)
+    _head_hit = _line_keys_c = None
+line_keys = _line_keys_c or _line_keys
 
 
 # Terminal colours a program wrote into its log (Ray wraps every relayed line's "(Worker pid=N)" in
@@ -331,24 +356,48 @@ def read_head_keyed(line: str, ctx: StampContext) -> tuple[Head, bytes | None, b
     """``read_head``, and the UTF-8 of the line it read (without its colours) and that with its digits
     as "0": the message is their tail, so the extractor's match memo (rules/extract.py) keys it without
     encoding it again. Both None for a line too long to key."""
+    if _head_hit is not None:
+        # rules/_linekey.c: a plain ASCII line's keys and remembered head in one call (most lines)
+        hit = _head_hit(line, ctx, _CHAINS, Head, _CHAIN_LINE)
+        if hit is not None:
+            head, data, zeroed, key, known = hit
+            if head is not None:
+                return head, data, zeroed
+            return _keyed(line, ctx, data, zeroed, key, known)
     if "\x1b" in line or "[0m" in line or "\ufffd[" in line or line[:1] == "\ufeff":      # plain()'s tests, inline: most lines pass all
         line = plain(line)
     if len(line) <= _CHAIN_LINE:
         data = line.encode("utf-8", "surrogatepass")
-        zeroed = data.translate(_ZEROS)
-        key = _pointer_blind(zeroed) if b"0x" in zeroed else zeroed      # most lines hold no pointer
-        chain = _CHAINS.get(key)
-        if chain is not None:
-            head = _replay(line, chain, ctx)
-            if head is not None:
-                return head, data, zeroed
-    else:
-        data = zeroed = key = None
+        zeroed, key = line_keys(data)
+        known = _CHAINS.get(key)
+        if known is not None:
+            chain, heads = known
+            seen = heads.get(line[:chain[-1]])
+            if seen is not None and seen[0] is ctx:
+                return Head(line[chain[-1]:], *seen[1:]), data, zeroed
+        return _keyed(line, ctx, data, zeroed, key, known)
+    head, _ = _read(line, ctx)
+    return head, None, None
+
+
+def _keyed(line: str, ctx: StampContext, data: bytes, zeroed: bytes, key: bytes,
+           known: tuple | None) -> tuple[Head, bytes, bytes]:
+    """read_head_keyed past its memo of heads: the chain replayed (its head remembered), else the line
+    read shape by shape (its chain remembered under ``key``)."""
+    if known is not None:
+        chain, heads = known
+        head = _replay(line, chain, ctx)
+        if head is not None:
+            if len(heads) >= _HEADS_MAX:
+                heads.clear()
+            heads[line[:chain[-1]]] = (ctx, head.stamp, head.quality, head.host, head.rank, head.local_rank,
+                                       head.pid, head.dev, head.uptime)
+            return head, data, zeroed
     head, chain = _read(line, ctx)
-    if chain is not None and key is not None:
+    if chain is not None:
         if len(_CHAINS) >= _CHAINS_MAX:
             _CHAINS.clear()
-        _CHAINS[key] = chain
+        _CHAINS[key] = (chain, {})
     return head, data, zeroed
 
 
@@ -583,7 +632,8 @@ def _proc_tag(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
 
 def _nccl(m: re.Match[str], head: Head, ctx: StampContext) -> bool:
     host, pid, dev = m.group("host", "pid", "dev")
-    head.host, head.pid, head.dev = host, int(pid), int(dev)
+    device = int(dev)
+    head.host, head.pid, head.dev = host, int(pid), device if 0 <= device < _MAX_DEV else None
     return True
 
 

@@ -24,6 +24,11 @@ CTX = StampContext(zone=timezone.utc, anchor=datetime(2026, 11, 2, 10, tzinfo=ti
      "RuntimeError: DDP expects same model across all ranks, but Rank 3 has 128 params, while rank 0 has inconsistent 0 params.**",
      None, None, None),
     ("`Trainer.fit` stopped: `max_steps=400000` reached.", "`Trainer.fit` stopped: `max_steps=400000` reached.", None, None, None),
+    # NCCL's device field holding the int cudaGetDevice left when CUDA could not start (NVIDIA/cuml#5961): the
+    # prefix and its host are still NCCL's
+    ("VM-192-150-centos:2871:2871 [32523] misc/cudawrap.cc:182 NCCL WARN Cuda failure 'CUDA driver version is insufficient for CUDA runtime version'",
+     "misc/cudawrap.cc:182 NCCL WARN Cuda failure 'CUDA driver version is insufficient for CUDA runtime version'",
+     None, None, "VM-192-150-centos"),
     # grep -H output a user pasted (llm-d/llm-d#191): the file name goes, the stamp and NCCL's host stay;
     # a "file.log:" later in a message is content
     ("ms-pd-llm-d-modelservice-prefill-2.log:[2025-09-17 15:16:23] ms-pd-llm-d-modelservice-prefill-2:311:405 [0] transport/net_ib.cc:199 NCCL WARN NET/IB : mlx5_32:1 Got async error event: port error",
@@ -254,6 +259,78 @@ def test_pointer_blind_keys():
     assert _pointer_blind(b"a0x7f 0x7fz _0x7f") == b"a0x7f 0x7fz _0x7f"        # not whole words
     assert _pointer_blind(b"0x1f%|#| 0/0") == b"0x1f%|#| 0/0"                # a progress bar: kept
     assert _pointer_blind(b"0xABC") == b"0xABC"                              # %p prints lower case
+
+
+def test_the_compiled_line_keys_are_the_python_ones():
+    """rules/_linekey.c stands in for translate + _pointer_blind: the same two keys, byte for byte."""
+    import random
+
+    from firstfault.rules import prefixes
+
+    if prefixes._line_keys_c is None:
+        pytest.fail("firstfault.rules._linekey is not built: pip install -e . compiles it")
+    crafted = [b"", b"0x", b"0x1", b"opId=0x7f00ec0a720 x", b"a0x7f 0x7fz _0x7f", b"0x1f%|#| 0/0", b"0xABC",
+               b"5x7f 15x7f", b"0x0x7f", b"(0xdeadbeef)", b"0xfg", b"\xff0x7f", "\u00e90x7f".encode()]
+    rng = random.Random(7)
+    alphabet = b"0123456789abcdefxgAZ_ %|.:-\xff"
+    made = [bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 24))) for _ in range(20_000)]
+    for data in crafted + made:
+        assert prefixes._line_keys_c(data) == prefixes._line_keys(data), data
+
+
+def test_the_compiled_memo_keeps_every_reference_it_hands_out():
+    """head_hit returns None and shared objects in its tuples: a reference it does not own, given
+    away, frees None under the interpreter a few thousand lines later (a crash, not a wrong answer)."""
+    import gc
+    import sys
+
+    from firstfault.rules import prefixes
+    from firstfault.rules.prefixes import Head
+
+    if prefixes._head_hit is None:
+        pytest.fail("firstfault.rules._linekey is not built: pip install -e . compiles it")
+    nccl = "2488: gpu-312:122947:123263 [0] proxy.cc:1143 NCCL WARN Socket recv failed"
+    read_head(nccl, CTX)
+    read_head(nccl, CTX)                    # its chain and its head remembered
+    chains = dict(prefixes._CHAINS)
+    lines = [nccl,                                             # a remembered head
+             "2488: gpu-999:122947:123263 [0] proxy.cc:1143 NCCL WARN Socket recv failed",   # its chain, a new prefix
+             "a line no chain was learnt for 0x7f00ec0a720",   # no chain (and a pointer in its key)
+             "caf\u00e9 is not ASCII", "\x1b[31mcoloured\x1b[0m"]  # left to the Python path
+    for line in lines:
+        prefixes._head_hit(line, CTX, chains, Head, 1024)
+    gc.collect()
+    before = sys.getrefcount(None)
+    for _ in range(5_000):
+        for line in lines:
+            prefixes._head_hit(line, CTX, chains, Head, 1024)
+    gc.collect()
+    # 25,000 calls: a reference lost or kept per call moves the count by thousands, the frame by one
+    assert abs(sys.getrefcount(None) - before) <= 2
+
+
+@pytest.mark.parametrize("sample", ["gpu-fell-off-bus-32node", "worked-example", "ambiguous-two-faults", "hang-until-timeout"])
+def test_analyze_reads_alike_with_and_without_the_compiled_keys(sample, monkeypatch):
+    """The same diagnosis, byte for byte, from the C keys and memo and from the Python ones."""
+    from pathlib import Path
+
+    from firstfault.rules import engine, prefixes
+
+    path = Path(__file__).resolve().parents[1] / "samples" / sample
+    with_c = engine.analyze_path(path).diagnosis.model_dump_json()
+    monkeypatch.setattr(prefixes, "_head_hit", None)
+    monkeypatch.setattr(prefixes, "line_keys", prefixes._line_keys)
+    prefixes._CHAINS.clear()
+    assert engine.analyze_path(path).diagnosis.model_dump_json() == with_c
+
+
+def test_a_repeated_prefix_is_read_again_under_another_context():
+    """The heads a chain remembers are its context's: another zone reads the same prefix anew."""
+    line = "Nov  2 10:03:11 node-02 kernel: NVRM: Xid (PCI:0000:07:00): 79, GPU has fallen off the bus."
+    other = StampContext(zone=ZoneInfo("America/New_York"), anchor=CTX.anchor)
+    assert iso_z(read_head(line, CTX).stamp) == "2026-11-02T10:03:11.000000Z"
+    assert iso_z(read_head(line, other).stamp) == "2026-11-02T15:03:11.000000Z"
+    assert iso_z(read_head(line, CTX).stamp) == "2026-11-02T10:03:11.000000Z"
 
 
 def _reads_as_if_alone(first: str, second: str) -> None:

@@ -51,10 +51,27 @@ def decoder(name: str) -> Callable[[Decoder], Decoder]:
     return register
 
 
+_LOADED = False
+
+
 def load_builtin_decoders() -> None:
-    """Import the decoder modules so their @decoder registrations run."""
+    """Import the decoder modules so their @decoder registrations run (once)."""
+    global _LOADED
+    if _LOADED:
+        return
     import importlib
     import pkgutil
 
     for mod in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{mod.name}")
+    _LOADED = True
+
+
+def decoder_named(name: str) -> Decoder:
+    """The decoder registered as ``name``; the built-in modules are imported at the first call, not at
+    start-up (a catalog restored from the cache was checked when it was built; most inputs decode nothing)."""
+    found = DECODERS.get(name)
+    if found is None:
+        load_builtin_decoders()
+        found = DECODERS[name]
+    return found

@@ -219,7 +219,7 @@ _XID45_149 = "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3,
                                    "Nov  2 10:03:11 node-02 " + _XID45_149})]},
 )
 def referred_cause(ctx: FinalContext) -> None:
-    from ..decoders import DECODERS
+    from ..decoders import decoder_named
 
     seen = {(e.host, e.fields.get("xid")) for e in ctx.events if e.kind == "xid"}
     promoted = []
@@ -229,7 +229,7 @@ def referred_cause(ctx: FinalContext) -> None:
             continue
         if cause == ev.fields.get("xid") or (ev.host, cause) in seen:
             continue            # the cause's own line is here (or the marker points at itself)
-        tag = DECODERS["xid"]({"xid": cause, "msg": "", "pci": ev.pci, "host": ev.host, "rank": ev.rank})
+        tag = decoder_named("xid")({"xid": cause, "msg": "", "pci": ev.pci, "host": ev.host, "rank": ev.rank})
         if tag is None or tag.role != "root":
             continue
         ev.fields["referred_xid"] = cause
