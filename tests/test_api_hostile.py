@@ -165,7 +165,9 @@ async def test_a_request_past_its_cap_frees_its_engine_thread():
     start = time.monotonic()
     r = await c.post("/v1/analyze", content=slow_body(300_000), headers={"content-type": "application/json"})
     assert r.status_code == 504 and r.json()["error"]["limit"] == "FIRSTFAULT_REQUEST_TIMEOUT_S"
-    assert time.monotonic() - start < 3.0
+    # At the 1.5 s deadline, not when the analysis ends (about 9 CPU seconds for this body): a bound
+    # with room for a busy machine, not a speed
+    assert time.monotonic() - start < 6.0
     # The one engine thread stopped at the deadline: the next request is served, not queued behind it.
     r = await c.post("/v1/analyze", json=SMALL)
     assert r.status_code == 200, r.text

@@ -48,7 +48,9 @@ def assert_one_line(rc: int, err: str, elapsed: float, *names: str) -> None:
     assert "Traceback" not in err and "rdkafka" not in err and "%3|" not in err
     for name in names:
         assert name in lines[0], (name, err)
-    assert elapsed < 10, elapsed
+    # A bound on waiting, not a speed: the commands give up after their own few-second probe
+    # (streams/reach.py), where librdkafka alone would retry until run()'s 60 s timeout.
+    assert elapsed < 45, elapsed
 
 
 @pytest.mark.parametrize("command", sorted(BROKER_COMMANDS))

@@ -40,10 +40,22 @@ def test_remembered_outcomes_are_the_rules_own(sample):
 
 
 def test_a_field_a_rule_reads_keeps_events_apart():
-    """Two events of one kind that differ in a field a rule reads do not share an outcome."""
+    """Two events of one kind that differ in a field a rule reads do not share an outcome; a kind with a
+    decoder is never remembered."""
+    from firstfault.rules.model import Ev
+
     catalog = load_catalog()
-    kinds = {k: early._read_by(catalog, k) for k in {r_kind for r in catalog.early
-                                                     for key, m in r.when.terms if key == "kind"
-                                                     for r_kind in ([m.arg] if isinstance(m.arg, str) else list(m.arg))}}
-    assert any(keys and any(k.startswith("fields.") for k in keys) for keys in kinds.values())
-    assert any(keys is None for keys in kinds.values())          # a decoder's kind is never remembered
+    kinds = sorted({kind for r in catalog.early for key, m in r.when.terms if key == "kind"
+                    for kind in ([m.arg] if isinstance(m.arg, str) else list(m.arg))})
+    read = {k: early._read_by(catalog, k) for k in kinds}
+    kind, field = next((k, key[len("fields."):]) for k, keys in read.items() if keys
+                       for key in keys if key.startswith("fields."))
+
+    def event(value):
+        return Ev(kind=kind, pattern="p", source="app", path="a.log", line=1, text="x", fields={field: value})
+
+    assert early._fired_key(catalog, event(1)) != early._fired_key(catalog, event(2))
+    assert early._fired_key(catalog, event(1)) != early._fired_key(catalog, event("1"))
+    assert early._fired_key(catalog, event(1)) == early._fired_key(catalog, event(1))
+    decoded = next(k for k, keys in read.items() if keys is None)
+    assert early._fired_key(catalog, Ev(kind=decoded, pattern="p", source="app", path="a.log", line=1, text="x")) is None
