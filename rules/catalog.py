@@ -21,7 +21,6 @@ from .decoders import DECODERS, ROLES, Tag, load_builtin_decoders
 from .errors import CatalogError
 from . import keys as known_keys
 from . import yaml_cache
-from .redos import BUDGET_S, find_redos
 from .regex import LinearRegex, LineMatch, RegexError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -754,6 +753,8 @@ def _regexes(catalog: Catalog) -> Iterable[tuple[str, str, str, LinearRegex]]:
 
 def redos_errors(catalog: Catalog) -> list[CatalogError]:
     """Patterns that backtrack catastrophically in a backtracking engine (rules/redos.py)."""
+    from .redos import BUDGET_S, find_redos      # only when a catalog is compiled or linted: not at start-up
+
     errors = []
     for file, rid, what, rx in _regexes(catalog):
         for f in find_redos(rx.pattern, rx.ignore_case):

@@ -137,6 +137,7 @@ class Diagnosis(BaseModel):
         return data
 
     def to_json(self) -> str:
-        import json
+        """``json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False, indent=2)``."""
+        from .pretty_json import dumps_sorted_indented
 
-        return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False, indent=2)
+        return dumps_sorted_indented(self.to_dict())

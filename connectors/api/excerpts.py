@@ -62,15 +62,26 @@ def _text(raw: bytes) -> str:
     return text if len(text) <= MAX_LINE_CHARS else text[:MAX_LINE_CHARS] + " …"
 
 
-def _numbered(chunks) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, bytes) as the engine counts lines: a final line without a newline counts."""
-    n, rest = 0, b""
+def _in_spans(chunks, spans: list[tuple[int, int]]) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, bytes) of the lines inside ``spans`` (sorted, disjoint, inclusive), as the
+    engine counts lines (a final line without a newline counts). Each chunk is split once and only
+    the wanted lines are looked at; reading stops past the last span."""
+    n, rest, i = 0, b"", 0              # n: lines before this chunk's; i: the first span not yet done
     for chunk in chunks:
-        *lines, rest = (rest + chunk).split(b"\n")
-        for raw in lines:
-            n += 1
-            yield n, raw
-    if rest:
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        top = n + len(lines)
+        while i < len(spans):
+            lo, hi = spans[i]
+            for k in range(max(lo, n + 1), min(hi, top) + 1):
+                yield k, lines[k - n - 1]
+            if hi > top:
+                break                   # the span goes on in the next chunk
+            i += 1
+        if i == len(spans):
+            return
+        n = top
+    if rest and spans[i][0] <= n + 1 <= spans[i][1]:
         yield n + 1, rest
 
 
@@ -84,15 +95,11 @@ def excerpts(bundle: Bundle, d: Diagnosis) -> dict[str, dict[str, str]]:
         if not spans or budget <= 0:
             continue
         kept: dict[str, str] = {}
-        i = 0
-        for n, raw in _numbered(f.open_chunks()):
-            while i < len(spans) and n > spans[i][1]:
-                i += 1
-            if i == len(spans) or budget <= 0:
-                break                       # past the last window: the rest of the file is not read
-            if spans[i][0] <= n:
-                kept[str(n)] = text = _text(raw)
-                budget -= len(text)
+        for n, raw in _in_spans(f.open_chunks(), spans):
+            if budget <= 0:
+                break
+            kept[str(n)] = text = _text(raw)
+            budget -= len(text)
         if kept:
             out[f.path] = kept
     return out

@@ -87,9 +87,9 @@ def wants_page(accept: str | None) -> bool:
     return quality("text/html") > quality("application/json")
 
 
-def _diagnosis_response(d: Diagnosis, headers: dict[str, str] | None = None) -> Response:
-    # Exactly `firstfault analyze --json` (without its trailing newline).
-    return Response(d.to_json(), media_type="application/json", headers=headers)
+def _diagnosis_response(d: Diagnosis, headers: dict[str, str] | None = None, text: str | None = None) -> Response:
+    # Exactly `firstfault analyze --json` (without its trailing newline); ``text``: d.to_json() made already.
+    return Response(d.to_json() if text is None else text, media_type="application/json", headers=headers)
 
 
 def build_router(ctx: ServiceContext) -> APIRouter:
@@ -173,16 +173,18 @@ def build_router(ctx: ServiceContext) -> APIRouter:
         diagnosis, ended_at, lines = await ctx.runner.run(work, deadline)
         ctx.metrics.diagnoses.labels(diagnosis.status, diagnosis.domain).inc()
         headers: dict[str, str] = {}
+        text: str | None = None             # the diagnosis as stored and answered: made once
         if store or upload:
-            def keep() -> tuple[Diagnosis, bool]:
+            def keep() -> tuple[Diagnosis, bool, str]:
                 # Attempt N failing like attempt N-1 escalates recovery (rules/attempts.py).
                 d = escalate(diagnosis, ctx.store.latest(diagnosis.workload_id, diagnosis.attempt - 1)
                              if diagnosis.attempt > 0 else None)
-                saved = ctx.store.save(d, ended_at, lines=lines)
+                doc = d.to_json()
+                saved = ctx.store.save(d, ended_at, lines=lines, doc=doc)
                 if ctx.nodes is not None:        # the fleet memory: the episodes of this attempt
                     ctx.nodes.record(d, fallback_at=ended_at.isoformat() if ended_at else None)
-                return d, saved
-            diagnosis, saved = await ctx.in_thread(keep)
+                return d, saved, doc
+            diagnosis, saved, text = await ctx.in_thread(keep)
             page = page_url(diagnosis)
             headers["X-Firstfault-Stored"] = "true" if saved else "false"
             headers["X-Firstfault-Page"] = page
@@ -196,7 +198,7 @@ def build_router(ctx: ServiceContext) -> APIRouter:
             except Exception as exc:
                 raise ApiError(503, "publish_failed", f"publishing the diagnosis failed: {exc}") from None
             headers["X-Firstfault-Published"] = "true"
-        return _diagnosis_response(diagnosis, headers)
+        return _diagnosis_response(diagnosis, headers, text)
 
     # ":path": Kubernetes-style ids ("namespace/job") contain slashes.
     @router.get("/v1/diagnoses/{workload_id:path}", tags=["diagnoses"], dependencies=[read],

@@ -660,7 +660,7 @@ class DiagnosisStore:
     # -- writing
 
     def save(self, diagnosis: Diagnosis, ended_at: datetime | None = None,
-             lines: dict[str, dict[str, str]] | None = None) -> bool:
+             lines: dict[str, dict[str, str]] | None = None, doc: str | None = None) -> bool:
         """Store one diagnosis; False (and no change) when this (diagnosis_id, revision) is stored.
 
         It becomes its attempt's latest unless both it and the current latest carry
@@ -668,6 +668,7 @@ class DiagnosisStore:
         replaces, or the late one itself, goes to the attempt's revisions. The
         attempt is indexed at ``ended_at``, else at the time of the save. ``lines``:
         the lines around its references ({path: {line number: text}}), kept with it.
+        ``doc``: ``diagnosis.to_json()`` when the caller has made it already (the service answers with it).
         The retention is enforced in the same step (the oldest attempts past a cap or
         the TTL are dropped, never this one).
         """
@@ -676,7 +677,7 @@ class DiagnosisStore:
         index_keys = [k.time_index(), k.status_index(d.status), k.domain_index(d.domain)]
         index_keys += [k.node_index(h) for h in blamed_or_suspected(d)]
         return self._b.save(_Entry(
-            doc_key=k.doc(d.diagnosis_id, d.revision), doc=d.to_json(), latest_key=k.latest(member),
+            doc_key=k.doc(d.diagnosis_id, d.revision), doc=d.to_json() if doc is None else doc, latest_key=k.latest(member),
             revs_key=k.revs(member), meta_key=k.meta(member), attempts_key=k.attempts(d.workload_id),
             attempt=d.attempt, member=member, revision=-1 if d.revision is None else d.revision,
             score=epoch_ms(ended_at or datetime.now(timezone.utc)), index_keys=tuple(index_keys),
