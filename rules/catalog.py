@@ -44,6 +44,18 @@ class Example:
 
 
 @dataclass(frozen=True)
+class InBlock:
+    """``in_block:`` of a pattern: the line ends a block (a Python traceback) whose meaning its header
+    gives. Searching upward within the look-back, its prefixes read, the nearest line matching
+    ``start`` begins the block; when the line just above that matches ``header``, the line is read
+    with ``kind`` instead of the pattern's (an exception CPython reports as ignored ended nothing)."""
+
+    start: LinearRegex
+    header: LinearRegex
+    kind: str
+
+
+@dataclass(frozen=True)
 class Pattern:
     id: str
     file: str
@@ -74,6 +86,7 @@ class Pattern:
     scope: Mapping[str, str | None] = field(default_factory=dict)
     pod_field: str | None = None            # a field naming a pod: its node (the workload's pods map) is the host
     dates_above: int | None = None          # the stated time is also that of the untimed lines up to N above (its record)
+    in_block: InBlock | None = None         # read with another kind under a block header above (InBlock)
 
     def search(self, message: str, data: bytes | None = None) -> LineMatch | None:
         """``data``: the message's UTF-8 bytes, when the caller tries several patterns on it."""
@@ -444,6 +457,7 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
     if dates_above is not None and (not isinstance(dates_above, int) or isinstance(dates_above, bool)
                                     or not 0 < dates_above <= 64 or not item.get("stamp")):
         errs.add(file, rid, "dates_above must be a number of lines from 1 to 64, with stamp naming the time")
+    in_block = _in_block(item, errs, file, rid)
     match = _examples(examples.get("match"), errs, file, rid, "match")
     nomatch = _examples(examples.get("no_match"), errs, file, rid, "no_match")
     if not match:
@@ -461,7 +475,31 @@ def _pattern(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str]) -
         references=tuple(item.get("references") or ()), match_examples=match, nomatch_examples=nomatch,
         unless=unless, scope=scope, pod_field=item.get("pod"),
         dates_above=dates_above if isinstance(dates_above, int) and not isinstance(dates_above, bool) else None,
+        in_block=in_block,
     )
+
+
+def _in_block(item: Mapping[str, Any], errs: _Errors, file: str, rid: str) -> InBlock | None:
+    spec = item.get("in_block")
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping):
+        errs.add(file, rid, "in_block must be a mapping: {start, header, kind}")
+        return None
+    errs.keys(file, rid, spec, known_keys.IN_BLOCK)
+    if not spec.get("start") or not spec.get("header"):
+        errs.add(file, rid, "in_block needs start (the block's first line) and header (the line above it)")
+        return None
+    kind = spec.get("kind")
+    if not isinstance(kind, str) or not _ID.match(kind) or kind == item.get("kind"):
+        errs.add(file, rid, "in_block.kind must name a kind other than the pattern's own")
+        return None
+    try:
+        return InBlock(start=LinearRegex(str(spec.get("start") or "")), header=LinearRegex(str(spec.get("header") or "")),
+                       kind=kind)
+    except RegexError as exc:
+        errs.add(file, rid, f"in_block regex does not compile: {exc}")
+        return None
 
 
 def _early(item: Mapping[str, Any], file: str, errs: _Errors, ids: set[str], lists: Mapping[str, Any],

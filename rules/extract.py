@@ -153,7 +153,8 @@ class _Memo:
 
     def __init__(self) -> None:
         self.outcomes: dict[tuple[int, bytes], tuple[int, list] | None] = {}
-        self.plans: dict[str, _Plan] = {}
+        self.plans: dict[tuple[str, str], _Plan] = {}
+        self.block_patterns: dict[tuple[str, str], Pattern] = {}
         self._cids: dict[tuple[str, ...], int] = {}
         self._next = itertools.count()
 
@@ -168,10 +169,19 @@ class _Memo:
         return cid
 
     def plan(self, pat: Pattern) -> _Plan:
-        plan = self.plans.get(pat.id)
+        # by id and kind: a line read with its block's kind (Pattern.in_block) is that pattern's too
+        plan = self.plans.get((pat.id, pat.kind))
         if plan is None:
-            plan = self.plans[pat.id] = _Plan(pat)
+            plan = self.plans[(pat.id, pat.kind)] = _Plan(pat)
         return plan
+
+    def in_block(self, pat: Pattern) -> Pattern:
+        """``pat`` read with its block's kind (``Pattern.in_block``), made once."""
+        key = (pat.id, pat.in_block.kind)
+        found = self.block_patterns.get(key)
+        if found is None:
+            found = self.block_patterns[key] = replace(pat, kind=pat.in_block.kind, in_block=None)
+        return found
 
 
 @lru_cache(maxsize=8)
@@ -329,6 +339,8 @@ class Extractor:
         found = self._match(self._candidates(frozenset(anchor_ids), source), message, data, zeroed)
         if found is not None:
             pat, spans, data = found
+            if pat.in_block is not None and above is not None and _under_header(pat, above, ctx):
+                pat = self._memo.in_block(pat)
             base = None
             if pat.scope:
                 base = self._memo.plan(pat).fields(message, data, spans)
@@ -666,6 +678,28 @@ def _own_stamp(head: Head, text: str | None, ctx: StampContext) -> bool:
     if stamp is not None:
         head.stamp, head.quality = stamp, "exact"
     return stamp is not None
+
+
+def _under_header(pat: Pattern, above, ctx: StampContext) -> bool:
+    """Is the line at the end of a block (``Pattern.in_block``) whose first line, the nearest above it
+    matching ``start`` within the look-back, has a line matching ``header`` just above it?"""
+    block = pat.in_block
+    started = False
+    for text in _texts_above(above):
+        message = read_head(text, ctx).message
+        if started:
+            return block.header.search(message) is not None
+        started = block.start.search(message) is not None
+    return False
+
+
+def _texts_above(above) -> Iterator[str]:
+    """The lines above a candidate, nearest first: an offline block's (_Above) or the stream's memory."""
+    if isinstance(above, _Above):
+        for raw in _lines_above(above.block, above.start, above.tail):
+            yield raw.decode("utf-8", errors="replace").rstrip("\r")
+    else:
+        yield from above()
 
 
 def _inherit(head: Head, lines_above: Iterator[str], ctx: StampContext) -> int | None:

@@ -38,6 +38,8 @@ class Fields:
         produced: dict[str, set[str]] = {k: set(v) for k, v in ENGINE_FIELDS.items()}
         for pat in catalog.patterns:
             produced.setdefault(pat.kind, set()).update(pat.regex.groupindex, pat.constants)
+            if pat.in_block is not None:         # the same line, read with its block's kind
+                produced.setdefault(pat.in_block.kind, set()).update(pat.regex.groupindex, pat.constants)
         by_pattern = {pat.id: pat.kind for pat in catalog.patterns}
         decoders = [r for r in catalog.early if r.action == "decode"]
         kinds = [kinds_of(r.when, by_pattern) for r in decoders]

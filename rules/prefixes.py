@@ -24,10 +24,11 @@ _MON = r"(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _RFC3164 = re.compile(
     _MON + r" (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
     r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d{1,10})\])?: )?")
-# The same with the month in the writer's locale (journalctl's %b): "kwi 15 07:56:59 testowy kernel: ";
+# The same with the month in the writer's locale (journalctl's %b): "kwi 15 07:56:59 testowy kernel: ",
+# "4月 20 19:55:29 Reverier-Arch kernel: ";
 # the applier reads the word through stamps.LOCAL_MONTHS and declines any other.
 _RFC3164_LOCAL = re.compile(
-    r"(?P<mon>[^\W\d_]{3,6}\.?) (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
+    r"(?P<mon>[^\W\d_]{3,6}\.?|\d{1,2}[月월]) (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
     r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d{1,10})\])?: )?")
 # journal / RFC 5424-ish: "2026-11-02T10:03:11.123456+00:00 node-02 kernel: "
 _ISO_HOST = re.compile(
@@ -176,7 +177,8 @@ def _yearless(ctx: StampContext, second: tuple[str, str, str, str, str], micro: 
 # Which prefix shapes can start with which character: tried in this order.
 _BRACKET = ("torchrun", "rank", "dmesg_uptime", "dmesg_delta", "dmesg_ctime", "fm", "iso_bracket", "glog_bracket",
             "mpi_tag", "host_rank", "kubectl")
-_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh", "indent")
+_DIGIT = ("srun", "iso_host", "iso_bare", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh", "indent",
+          "rfc3164_local")          # a CJK locale's month, "4月 20 19:55:29 host prog: "
 _ALPHA = ("rfc3164", "glog_bare", "vllm", "kmsg_host", "compose", "nccl", "torchx", "grep_file", "pdsh",
           "rfc3164_local")
 _ALPHA_CTIME = ("mpi_tag",) + _ALPHA

@@ -22,7 +22,7 @@ MONTHS = {m: i for i, m in enumerate(
 
 # journalctl (and any tool that formats with strftime's %b under the user's locale) writes the month
 # in LC_TIME's own abbreviation: "kwi 15 07:56:59 testowy kernel: ..." on a Polish machine. These are
-# glibc's `abmon` (localedata/locales/<locale>, bminor/glibc), January first; rsyslog and syslog-ng
+# glibc's `abmon` (localedata/locales/<locale>, bminor/glibc), January first (and _CJK_MONTHS below); rsyslog and syslog-ng
 # write English months whatever the locale. Left out: ca_ES ("de gen.", two words) and et_EE (padded
 # with spaces); hr_HR's "lip" and "srp" (June and July there, July in pl_PL and August in cs_CZ) are
 # read as neither, and "lis" as November (cs_CZ, pl_PL; October in hr_HR).
@@ -50,6 +50,10 @@ _ABMON = {
     "lv_LV": "jan feb mar apr mai jūn jūl aug sep okt nov dec",
 }
 _AMBIGUOUS = {"lip", "srp"}
+# zh_CN, zh_TW, ja_JP and ko_KR write the month's number and the word for month: "4月 20 19:55:29
+# Reverier-Arch kernel: ..." (glibc's abmon "4<U6708>"; ja_JP and ko_KR pad it to two characters with a
+# space, " 4月", " 4월", which the prefix reads past).
+_CJK_MONTHS = {f"{month}{word}": month for month in range(1, 13) for word in ("月", "월")}
 
 
 def _local_months() -> dict[str, int]:
@@ -64,7 +68,7 @@ def _local_months() -> dict[str, int]:
 
 
 # lower-cased abbreviation -> month (English's too, lower-cased: journalctl's "jan" under sv_SE)
-LOCAL_MONTHS = {**_local_months(), **{m.lower(): i for m, i in MONTHS.items()}}
+LOCAL_MONTHS = {**_local_months(), **_CJK_MONTHS, **{m.lower(): i for m, i in MONTHS.items()}}
 
 
 @lru_cache(maxsize=4096)

@@ -140,6 +140,26 @@ def test_a_word_that_is_no_month_is_not_a_stamp():
     assert head.stamp is None
 
 
+# NVIDIA/open-gpu-kernel-modules#626 (ho88): journalctl under zh_CN writes glibc's abmon "4月"
+CHINESE = ("4月 20 19:55:29 Reverier-Arch kernel: NVRM: API mismatch: the client has the version 550.76, but\n"
+           "                                       NVRM: this kernel module has the version 550.67.  Please\n")
+
+
+def test_a_cjk_month_reads_the_stamp_and_the_host():
+    head = read_head(CHINESE.splitlines()[0], CTX)
+    assert head.stamp == datetime(2024, 4, 20, 19, 55, 29, tzinfo=timezone.utc)
+    assert head.host == "Reverier-Arch" and head.message.startswith("NVRM: API mismatch")
+    # ko_KR's word for month; a number no month has is no stamp
+    assert read_head("12월 15 14:15:47 host kernel: x", CTX).stamp == datetime(2023, 12, 15, 14, 15, 47, tzinfo=timezone.utc)
+    assert read_head("13月 15 14:15:47 host kernel: x", CTX).stamp is None
+
+
+def test_the_cjk_journal_names_its_host_as_responsible():
+    d = diag({"logs/app/journal.txt": CHINESE})
+    assert d.sub_domain == "driver_library_mismatch"
+    assert d.responsible_nodes == ["Reverier-Arch"]
+
+
 def test_month_words_two_locales_disagree_on_are_not_read():
     # "lip" is July in pl_PL and June in hr_HR: no stamp rather than a wrong month
     head = read_head("lip 15 07:56:59 testowy kernel: NVRM: Xid (PCI:0000:07:00): 109", CTX)
