@@ -50,6 +50,7 @@ class InBlock:
     ``start`` begins the block; when the line just above that matches ``header``, the line is read
     with ``kind`` instead of the pattern's (an exception CPython reports as ignored ended nothing)."""
 
+    anchor: str                 # a literal every start line holds: lines without it are not read further
     start: LinearRegex
     header: LinearRegex
     kind: str
@@ -487,15 +488,16 @@ def _in_block(item: Mapping[str, Any], errs: _Errors, file: str, rid: str) -> In
         errs.add(file, rid, "in_block must be a mapping: {start, header, kind}")
         return None
     errs.keys(file, rid, spec, known_keys.IN_BLOCK)
-    if not spec.get("start") or not spec.get("header"):
-        errs.add(file, rid, "in_block needs start (the block's first line) and header (the line above it)")
+    if not spec.get("start") or not spec.get("header") or not isinstance(spec.get("anchor"), str) or len(spec["anchor"]) < 3:
+        errs.add(file, rid, "in_block needs anchor (a literal of the block's first line, 3 characters or more), "
+                            "start (that line) and header (the line above it)")
         return None
     kind = spec.get("kind")
     if not isinstance(kind, str) or not _ID.match(kind) or kind == item.get("kind"):
         errs.add(file, rid, "in_block.kind must name a kind other than the pattern's own")
         return None
     try:
-        return InBlock(start=LinearRegex(str(spec.get("start") or "")), header=LinearRegex(str(spec.get("header") or "")),
+        return InBlock(anchor=spec["anchor"], start=LinearRegex(str(spec["start"])), header=LinearRegex(str(spec["header"])),
                        kind=kind)
     except RegexError as exc:
         errs.add(file, rid, f"in_block regex does not compile: {exc}")

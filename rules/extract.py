@@ -682,14 +682,18 @@ def _own_stamp(head: Head, text: str | None, ctx: StampContext) -> bool:
 
 def _under_header(pat: Pattern, above, ctx: StampContext) -> bool:
     """Is the line at the end of a block (``Pattern.in_block``) whose first line, the nearest above it
-    matching ``start`` within the look-back, has a line matching ``header`` just above it?"""
+    matching ``start`` within the look-back, has a line matching ``header`` just above it (blank lines and
+    progress bars, which other writers interleave, skipped)?"""
     block = pat.in_block
     started = False
     for text in _texts_above(above):
-        message = read_head(text, ctx).message
         if started:
+            message = read_head(text, ctx).message
+            if not message.strip():
+                continue                # a blank line, a progress bar's redraw between the two: not the program's
             return block.header.search(message) is not None
-        started = block.start.search(message) is not None
+        # the literal first: most lines above (a traceback's frames) are not read at all
+        started = block.anchor in text and block.start.search(read_head(text, ctx).message) is not None
     return False
 
 

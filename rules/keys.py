@@ -11,7 +11,7 @@ DOC = ("title", "description", "status", "priority")
 PATTERN = frozenset({"id", *DOC, "sources", "anchors", "regex", "unless", "ignore_case", "kind", "types", "set",
                      "group_by", "gpu", "rank", "host", "onset_ms", "stamp", "aggregate_ranks", "references",
                      "falsepositives", "examples", "scope", "pod", "dates_above", "in_block"})
-IN_BLOCK = frozenset({"start", "header", "kind"})
+IN_BLOCK = frozenset({"anchor", "start", "header", "kind"})
 EARLY = frozenset({"id", *DOC, "when", "action", "tag", "decoder", "output", "examples"})
 TAG = frozenset({"role", "domain", "sub_domain", "strength", "fields", "next_step"})
 FINAL = frozenset({"id", *DOC, "source", "target", "join", "window_s", "before_s", "equal", "references", "examples"})

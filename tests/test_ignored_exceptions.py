@@ -79,3 +79,12 @@ def test_a_traceback_under_another_line_is_the_programs():
 def test_a_fault_before_an_ignored_block_stays_the_cause():
     d = analyze_path(MEGATRON).diagnosis
     assert d.status == "attributed" and d.root_cause.sub_domain == "shm_exhausted"
+
+
+def test_a_progress_bar_between_the_header_and_its_traceback_changes_nothing():
+    # another writer's tqdm redraw interleaved on the same stream (bench/variants.py's progress_line_after_each)
+    bar = "Epoch 3:  41%|####      | 410/1000 [01:02<01:30,  6.54it/s, loss=2.31]"
+    lines = ATEXIT.read_text().splitlines()
+    text = "".join(f"{line}\n{bar}\n" for line in lines)
+    d = analyze_files(WORKLOAD, {"logs/app/node-01.log": text}).diagnosis
+    assert d.status == "unattributed" and d.root_cause is None
