@@ -485,7 +485,7 @@ def _in_block(item: Mapping[str, Any], errs: _Errors, file: str, rid: str) -> In
     if spec is None:
         return None
     if not isinstance(spec, Mapping):
-        errs.add(file, rid, "in_block must be a mapping: {start, header, kind}")
+        errs.add(file, rid, "in_block must be a mapping: {anchor, start, header, kind}")
         return None
     errs.keys(file, rid, spec, known_keys.IN_BLOCK)
     if not spec.get("start") or not spec.get("header") or not isinstance(spec.get("anchor"), str) or len(spec["anchor"]) < 3:

@@ -25,10 +25,10 @@ _RFC3164 = re.compile(
     _MON + r" (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
     r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d{1,10})\])?: )?")
 # The same with the month in the writer's locale (journalctl's %b): "kwi 15 07:56:59 testowy kernel: ",
-# "4月 20 19:55:29 Reverier-Arch kernel: ";
+# "4月 20 19:55:29 Reverier-Arch kernel: " (ja_JP and ko_KR pad the month: " 4月 20 ...");
 # the applier reads the word through stamps.LOCAL_MONTHS and declines any other.
 _RFC3164_LOCAL = re.compile(
-    r"(?P<mon>[^\W\d_]{3,6}\.?|\d{1,2}[月월]) (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
+    r" ?(?P<mon>[^\W\d_]{3,6}\.?|\d{1,2}[月월]) (?P<day>[ \d]\d) (?P<hh>\d\d):(?P<mm>\d\d):(?P<ss>\d\d)(?:\.(?P<frac>\d+))? "
     r"(?:(?P<host>[\w.:-]*[\w.-]) )?(?:(?P<prog>[\w./@-]+)(?:\[(?P<pid>\d{1,10})\])?: )?")
 # journal / RFC 5424-ish: "2026-11-02T10:03:11.123456+00:00 node-02 kernel: "
 _ISO_HOST = re.compile(
@@ -252,7 +252,7 @@ class _Shapes:
 
 
 _BY_CLASS = {"markdown": _Shapes(("markdown",)), "bracket": _Shapes(_BRACKET), "proc": _Shapes(("proc_tag",)),
-             "digit": _Shapes(_DIGIT), "alpha": _Shapes(_ALPHA, ctime=_Shapes(_ALPHA_CTIME)), "other": _Shapes(())}
+             "digit": _Shapes(_DIGIT), "alpha": _Shapes(_ALPHA, ctime=_Shapes(_ALPHA_CTIME)), "other": _Shapes(("rfc3164_local",))}
 
 
 def _by_first_char(c: str) -> _Shapes:

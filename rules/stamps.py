@@ -52,7 +52,7 @@ _ABMON = {
 _AMBIGUOUS = {"lip", "srp"}
 # zh_CN, zh_TW, ja_JP and ko_KR write the month's number and the word for month: "4月 20 19:55:29
 # Reverier-Arch kernel: ..." (glibc's abmon "4<U6708>"; ja_JP and ko_KR pad it to two characters with a
-# space, " 4月", " 4월", which the prefix reads past).
+# space, " 4月", " 4월", which rules/prefixes.py's shape allows).
 _CJK_MONTHS = {f"{month}{word}": month for month in range(1, 13) for word in ("月", "월")}
 
 

@@ -152,6 +152,8 @@ def test_a_cjk_month_reads_the_stamp_and_the_host():
     # ko_KR's word for month; a number no month has is no stamp
     assert read_head("12월 15 14:15:47 host kernel: x", CTX).stamp == datetime(2023, 12, 15, 14, 15, 47, tzinfo=timezone.utc)
     assert read_head("13月 15 14:15:47 host kernel: x", CTX).stamp is None
+    # ja_JP pads the month to two characters (glibc's abmon " 4<U6708>")
+    assert read_head(" 4月 20 19:55:29 host kernel: x", CTX).host == "host"
 
 
 def test_the_cjk_journal_names_its_host_as_responsible():
