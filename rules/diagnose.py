@@ -6,10 +6,12 @@ Deterministic: output depends only on the workload record, the set of events
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from datetime import timedelta
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from firstfault.schemas import (
@@ -83,7 +85,7 @@ def diagnosis_id(workload: WorkloadRecord, events: Iterable[Ev], inventory: Mapp
     dumps = _CANONICAL_JSON.encode         # json.dumps(..., sort_keys=True, default=str), one encoder
     digest.update(dumps(workload.canonical()).encode())
     dumps_list = _DUMPS_LIST
-    for ev in sorted(events, key=lambda e: e.signature):
+    for ev in sorted(events, key=_SIGNATURE):
         digest.update(dumps_list(ev.canonical()).encode())
     # Lists in any order hash alike; their members may be dicts (inferred facts), so sort by canonical form.
     digest.update(dumps({k: sorted(v, key=dumps) if isinstance(v, (set, list, tuple)) else v
@@ -92,8 +94,35 @@ def diagnosis_id(workload: WorkloadRecord, events: Iterable[Ev], inventory: Mapp
     return "sha256:" + digest.hexdigest()[:32]
 
 
+_SIGNATURE, _COUNT, _HOST, _RANKS = attrgetter("signature"), attrgetter("count"), attrgetter("host"), attrgetter("ranks")
+_ZONE = attrgetter("stamp.tzinfo")
+_BY_TIME, _BY_PLACE = attrgetter("stamp", "path", "line"), attrgetter("path", "line")
+_BY_TIME_SIG, _BY_PLACE_SIG = attrgetter("stamp", "path", "line", "signature"), attrgetter("path", "line", "signature")
+
+
+def in_time_order(events: Iterable[Ev], signature: bool = False) -> list[Ev]:
+    """``sorted(events, key=Ev.order_key)`` (then by signature, if asked), without a key tuple and a naive
+    copy of the stamp made in Python for each event. Stamps that share one tzinfo object (or have none)
+    compare as their naive forms do (Python compares them without asking the zone), so the stamped
+    events sort on C getters and the unstamped follow them; stamps of several zones sort by
+    ``order_key`` itself."""
+    events = list(events)
+    stamped = [e for e in events if e.stamp is not None]
+    if len(set(map(id, map(_ZONE, stamped)))) > 1:
+        return sorted(events, key=(lambda e: (e.order_key(), e.signature)) if signature else Ev.order_key)
+    unstamped = [e for e in events if e.stamp is None] if len(stamped) < len(events) else []
+    stamped.sort(key=_BY_TIME_SIG if signature else _BY_TIME)
+    unstamped.sort(key=_BY_PLACE_SIG if signature else _BY_PLACE)
+    return stamped + unstamped
+
+
+def _first_refs(keys: Iterable[tuple[str, int]], limit: int) -> list[tuple[str, int]]:
+    """``sorted(keys)[:limit]``: a step may touch thousands of lines and shows the first ``limit``."""
+    return heapq.nsmallest(limit, keys)
+
+
 def _refs(events: Iterable[Ev], limit: int) -> list[Ref]:
-    keys = sorted({(e.path, e.line) for e in events})[:limit]
+    keys = _first_refs({(e.path, e.line) for e in events}, limit)
     return [Ref(path=p, line=n) for p, n in keys]
 
 
@@ -124,28 +153,27 @@ def _symptoms(ctx: FinalContext, cause_at: str | None = None) -> list[Symptom]:
     # Ambiguous: a symptom is explained when a candidate explains it (whichever is the cause),
     # so the flags agree with the coverage the candidates are shown with.
     roots = list(ctx.chosen) or [m for c in ctx.candidates for m in c["members"]]
-    explained = set()
+    explained: set[int] = set()
     for root in roots:
-        explained |= {id(t) for t in reachable(ctx, root)}
+        explained.update(map(id, reachable(ctx, root)))
     members: dict[str, list[Ev]] = defaultdict(list)
+    left_out = ctx.excluded | {id(r) for r in ctx.chosen}
+    roots_shown = ctx.status != "attributed" and not ctx.candidates     # no cause, no candidates: roots are listed
     for ev in ctx.events:
-        if id(ev) in ctx.excluded or ev in ctx.chosen or ev.kind == SCHEDULER_RECORD:
-            continue                # the workload record is the job's end, not a symptom line
-        if ev.role in ("symptom", "marker") or (ev.role == "root" and id(ev) in ctx.explained_by):
-            members[ev.kind].append(ev)
-        elif ev.role == "root" and ctx.status != "attributed" and not ctx.candidates:
-            members[ev.kind].append(ev)
+        if ev.role in ("symptom", "marker") or (ev.role == "root" and (roots_shown or id(ev) in ctx.explained_by)):
+            if id(ev) not in left_out and ev.kind != SCHEDULER_RECORD:
+                members[ev.kind].append(ev)     # the workload record is the job's end, not a symptom line
     out = []
     for kind, evs in members.items():
-        evs.sort(key=lambda e: e.order_key())
+        evs = in_time_order(evs)
         first, basis = _first(evs)
         lasts = [e.last_stamp or e.stamp for e in evs if (e.last_stamp or e.stamp) is not None]
         out.append(Symptom(
-            kind=kind, count=sum(e.count for e in evs),
-            hosts=sorted({e.host for e in evs if e.host}),
-            ranks=sorted(set().union(*(e.ranks for e in evs))),
+            kind=kind, count=sum(map(_COUNT, evs)),
+            hosts=sorted(h for h in set(map(_HOST, evs)) if h),
+            ranks=sorted(set().union(*map(_RANKS, evs))),
             first=first, last=iso_z(max(lasts)) if lasts else None, first_basis=basis,
-            sample=evs[0].ref(), explained=all(id(e) in explained for e in evs) and bool(roots),
+            sample=evs[0].ref(), explained=explained.issuperset(map(id, evs)) and bool(roots),
         ))
 
     def order(s: Symptom) -> tuple:
@@ -177,7 +205,7 @@ def _evidence(ctx: FinalContext, early_steps: Mapping[str, Mapping[str, Any]], c
     order = {r.id: i for i, r in enumerate(catalog.early)}
     for rid in sorted(early_steps, key=lambda r: (order.get(r, 1 << 30), r)):
         st = early_steps[rid]
-        refs = sorted(st["refs"])[:limit]
+        refs = _first_refs(st["refs"], limit)
         steps.append(EvidenceStep(rule_id=rid, stage="early", action=st["action"], count=st["count"],
                                   events=[Ref(path=p, line=n) for p, n in refs], detail={}))
     for st in ctx.steps:
@@ -196,7 +224,7 @@ def diagnose(workload: WorkloadRecord, events: Iterable[Ev], catalog: Catalog,
     did = diagnosis_id(workload, evs, inventory, catalog.version)
     work = evs if owned else [e.copy() for e in evs]
     work.append(scheduler_event(workload))
-    work.sort(key=lambda e: (e.order_key(), e.signature))
+    work = in_time_order(work, signature=True)
     kept, trail = run_early(catalog, work)
     settings = {**DEFAULT_SETTINGS, **dict(catalog.settings), "_inventory": inventory}
     ctx = FinalContext(workload=workload, catalog=catalog, events=kept, settings=settings)

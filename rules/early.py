@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,18 @@ def value_of(ev: Ev, key: str) -> Any:
     if key.startswith("fields."):
         return ev.fields.get(key[7:])
     return getattr(ev, key, None)
+
+
+@lru_cache(maxsize=1024)
+def reader(key: str) -> Callable[[Ev], Any]:
+    """``value_of(·, key)`` as one function of the event, made once a key: the FINAL stage reads one
+    key of thousands of events in a row, and a C getter skips the key's parsing on each."""
+    if key.startswith("fields."):
+        name = key[7:]
+        return lambda ev: ev.fields.get(name)
+    if key in Ev.__slots__:
+        return attrgetter(key)
+    return lambda ev: getattr(ev, key, None)
 
 
 def holds(cond: Condition, ev: Ev) -> bool:
@@ -73,7 +86,9 @@ class EarlyTrail:
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def note(self, rule: EarlyRule, ev: Ev, action: str) -> None:
-        step = self.steps.setdefault(rule.id, {"action": action, "count": 0, "refs": set()})
+        step = self.steps.get(rule.id)
+        if step is None:                # not setdefault: its new dict and set, made for every line, cost more
+            step = self.steps[rule.id] = {"action": action, "count": 0, "refs": set()}
         step["count"] += ev.count
         step["refs"].add((ev.path, ev.line))
 
@@ -171,16 +186,32 @@ def run_early(catalog: Catalog, events: Iterable[Ev]) -> tuple[list[Ev], EarlyTr
 def _fired_key(catalog: Catalog, ev: Ev) -> tuple | None:
     """The memo key of ``ev`` (None: not remembered): its kind and role and each value its rules read, with
     its type (the terms compare str() forms too: 1, True and "1" read apart)."""
-    keys = _read_by(catalog, ev.kind)
-    if keys is None:
+    read = _key_reader(catalog, ev.kind)
+    if read is None:
         return None
-    values = tuple((type(v), v) for v in (value_of(ev, k) for k in keys))
-    key = (ev.kind, ev.role, values)
+    key = read(ev)
     try:
         hash(key)
     except TypeError:                   # a list or dict field: not remembered
         return None
     return key
+
+
+@lru_cache(maxsize=4096)
+def _key_reader(catalog: Catalog, kind: str) -> Callable[[Ev], tuple] | None:
+    """``_fired_key``'s reading of an event of this kind as one function made once a kind (None: the kind
+    is not remembered): (the kind, role and values read, their types), by C getters, in a few steps
+    an event. A key that names no attribute of an event reads None on every event: it tells none apart."""
+    keys = _read_by(catalog, kind)
+    if keys is None:
+        return None
+    attrs = attrgetter("kind", "role", *(k for k in keys if k in Ev.__slots__ and k not in ("kind", "role")))
+    names = tuple(k[7:] for k in keys if k.startswith("fields."))
+
+    def read(ev: Ev) -> tuple:
+        values = attrs(ev) + tuple(map(ev.fields.get, names))
+        return values, tuple(map(type, values))
+    return read
 
 
 def _run_rules(catalog: Catalog, ev: Ev) -> tuple[tuple[EarlyRule, str], ...]:

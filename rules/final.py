@@ -15,7 +15,7 @@ from typing import Any
 from firstfault.schemas import WorkloadRecord
 
 from .catalog import Catalog, Condition, ExplainsRule, Matcher
-from .early import holds, value_of
+from .early import holds, reader, value_of
 from .model import Ev
 from .order import file_runs, in_file_order, placed, precedes, root_order, same_clock, uptime_gap
 
@@ -77,6 +77,7 @@ class FinalContext:
     _tol: tuple[tuple, timedelta] | None = None                 # (what it was worked out from, the tolerance)
     _shift: dict[tuple[str, float], timedelta] = field(default_factory=dict)    # (host, offset) -> timedelta
     _runs: tuple[int, dict[int, int]] | None = None              # (events seen, order.file_runs of them)
+    _reached: tuple[int, dict[int, tuple[Ev, list[Ev]]]] | None = None     # (edges seen, id(root) -> reachable)
 
     def runs(self) -> dict[int, int]:
         """id(event) -> the run of its file it lies in (order.file_runs), worked out again only
@@ -207,10 +208,6 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     if not same_place(ctx, rule, src, tgt):
         return False
     s_on = ctx.when(src)
-    t_seen = ctx.seen(tgt)
-    t_on = ctx.when(tgt) or t_seen
-    # One host (one file) has one clock: its lines need no tolerance against each other.
-    tol = timedelta(0) if same_clock(src, tgt) else ctx.tol()
     join = rule.join
     if join == "after_onset" and _distinct_cause(src, tgt):
         # A distinct firm cause is demoted when the times (or line order) say it came later, or,
@@ -230,8 +227,11 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         began = hang_onset(ctx, tgt)
         if s_on is None or began is None:
             return False
-        slack = _seconds(float(ctx.settings["hang_slack_s"])) + tol
+        slack = _seconds(float(ctx.settings["hang_slack_s"])) + _tolerance(ctx, src, tgt)
         return abs(s_on - began) <= slack
+    t_on = ctx.when(tgt)
+    if t_on is None:
+        t_on = ctx.seen(tgt)
     if s_on is None or t_on is None:
         # Untimed events join on place; a window is checked on the file's own clock (dmesg uptime)
         # or, lacking one, on line order (within one file, line order is causal order).
@@ -248,6 +248,7 @@ def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
         order = in_file_order(src, tgt, ctx.runs())
         if order is not None:
             return order                  # the same second in one run of a file: line order decides
+    tol = _tolerance(ctx, src, tgt)
     before = _seconds(rule.before_s)
     if tgt.quality == "inherited":
         # An inherited stamp is only a lower bound (the last stamped line above it).
@@ -271,6 +272,15 @@ def hang_onset(ctx: FinalContext, report: Ev) -> datetime | None:
         return seen - timedelta(milliseconds=ctx.timeout_ms(report))
     except OverflowError:                   # a stamp near year 1: no hang before it to place
         return None
+
+
+_NO_TOLERANCE = timedelta(0)
+
+
+def _tolerance(ctx: FinalContext, src: Ev, tgt: Ev) -> timedelta:
+    """How far the two lines' clocks may disagree: one host (one file) has one clock, its lines
+    need no tolerance against each other."""
+    return _NO_TOLERANCE if same_clock(src, tgt) else ctx.tol()
 
 
 @lru_cache(maxsize=256)
@@ -343,18 +353,21 @@ def run_explains(ctx: FinalContext) -> None:
 
 
 class _TargetPool:
-    """The events an explains rule may target, and each distinct condition term's verdict on them.
+    """The events an explains rule may target, and the condition terms' verdicts on them.
 
-    The rules share terms (``role: root``, ``kind: xid``) and nothing in ``run_explains`` changes an
-    event's role or exclusion, so a term's verdict is worked out once per pool, and a matcher is
-    tested once per distinct value of its key (an event kind, a role), not once per event and rule:
-    the same targets in the same order as ``holds`` on each event.
+    The rules share their first terms (``role: root``, ``kind: xid``) and nothing in ``run_explains``
+    changes an event's role or exclusion, so a first term's verdict is worked out once per pool, a
+    matcher tested once per distinct value of its key (an event kind, a role), not once per event and
+    rule. The terms after it are read only on the events the terms before them kept: a rule's first
+    term leaves a few events of thousands, and grouping the whole pool by every key a rule names cost
+    more than the rules' joins. The same targets in the same order as ``holds`` on each event.
     """
 
     def __init__(self, events: list[Ev]) -> None:
         self.events = events
         self._groups: dict[str, tuple[dict[tuple[type, Any], list[int]], list[tuple[int, Any]]]] = {}
         self._verdicts: dict[Any, set[int]] = {}
+        self._tests: dict[Matcher, dict[tuple[type, Any], bool]] = {}
 
     def _by_value(self, key: str) -> tuple[dict[tuple[type, Any], list[int]], list[tuple[int, Any]]]:
         """The events' positions by their value of ``key`` (keyed with the type: 1, 1.0 and True are
@@ -363,7 +376,7 @@ class _TargetPool:
         if found is None:
             groups: dict[tuple[type, Any], list[int]] = {}
             odd: list[tuple[int, Any]] = []
-            for i, value in enumerate(value_of(e, key) for e in self.events):
+            for i, value in enumerate(map(reader(key), self.events)):
                 try:
                     groups.setdefault((type(value), value), []).append(i)
                 except TypeError:           # a list in fields
@@ -391,20 +404,53 @@ class _TargetPool:
             pass
         return have
 
+    def _narrow(self, keep: set[int], key: str, matcher: Matcher) -> set[int]:
+        """The positions in ``keep`` whose ``key`` the matcher accepts, each distinct value tested once."""
+        try:
+            known = self._tests.setdefault(matcher, {})
+        except TypeError:                   # a matcher whose argument cannot be hashed
+            known = {}
+        get, events, out = reader(key), self.events, set()
+        for i in keep:
+            value = get(events[i])
+            try:
+                ok = known.get((type(value), value))
+                if ok is None:
+                    ok = known[(type(value), value)] = matcher.test(value)
+            except TypeError:               # a list in fields
+                ok = matcher.test(value)
+            if ok:
+                out.add(i)
+        return out
+
     def matching(self, cond: Condition) -> list[Ev]:
-        keep: set[int] | None = None
-        for key, matcher in cond.terms:
-            verdict = self._verdict(key, matcher)
-            keep = verdict if keep is None else keep & verdict
-            if not keep:
-                return []
-        if keep is None:
+        if not cond.terms:
             return list(self.events)
+        keep = self._verdict(*cond.terms[0])
+        for key, matcher in cond.terms[1:]:
+            if not keep:
+                break
+            keep = self._narrow(keep, key, matcher)
         return [self.events[i] for i in sorted(keep)]
 
 
 def reachable(ctx: FinalContext, root: Ev) -> list[Ev]:
-    """Every event explained by ``root``, directly or through roots it explains."""
+    """Every event explained by ``root``, directly or through roots it explains.
+
+    The choice, the symptoms and the explains list ask it for the same roots once the edges are drawn:
+    it is worked out again only when edges were added (the FINAL rules settle roles before the
+    explains rules draw edges)."""
+    edges, memo = ctx._reached or (-1, {})
+    if edges != len(ctx.edges):
+        memo = {}
+        ctx._reached = (len(ctx.edges), memo)
+    known = memo.get(id(root))
+    if known is None or known[0] is not root:
+        known = memo[id(root)] = (root, _reach(ctx, root))
+    return list(known[1])
+
+
+def _reach(ctx: FinalContext, root: Ev) -> list[Ev]:
     children = ctx.children()
     out: list[Ev] = []
     seen = {id(root)}
