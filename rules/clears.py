@@ -30,7 +30,8 @@ def apply_clears(ctx: FinalContext) -> int:
     for rule in ctx.catalog.explains:
         if rule.relation != CLEARS:
             continue
-        explaining = {id(ctx.fault(e.source)) for e in ctx.edges}
+        # the fault of each report an edge leaves, once a report (a cascade's report leaves thousands)
+        explaining = {id(ctx.fault(src)) for src in {id(e.source): e.source for e in ctx.edges}.values()}
         targets = [r for r in sorted(ctx.independent_roots, key=root_order)
                    if r.strength != "echo" and id(ctx.fault(r)) not in explaining and holds(rule.target, r)]
         if not targets:

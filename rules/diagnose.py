@@ -77,6 +77,8 @@ def _canonical_dumps() -> Any:
 
 
 _DUMPS_LIST = _canonical_dumps()
+# json.dumps(detail, sort_keys=True, default=str) without an encoder made for every step
+_DETAIL_JSON = json.JSONEncoder(sort_keys=True, default=str)
 
 
 def diagnosis_id(workload: WorkloadRecord, events: Iterable[Ev], inventory: Mapping[str, Any], version: str) -> str:
@@ -211,7 +213,7 @@ def _evidence(ctx: FinalContext, early_steps: Mapping[str, Mapping[str, Any]], c
     for st in ctx.steps:
         steps.append(EvidenceStep(rule_id=st.rule_id, stage="final", action=st.action,
                                   count=sum(e.count for e in st.events), events=_refs(st.events, limit),
-                                  detail=json.loads(json.dumps(st.detail, sort_keys=True, default=str))))
+                                  detail=json.loads(_DETAIL_JSON.encode(st.detail))))
     return steps
 
 
@@ -220,7 +222,7 @@ def diagnose(workload: WorkloadRecord, events: Iterable[Ev], catalog: Catalog,
     """``owned``: the events are this call's to change (made for it, never read again); else it
     works on copies, so the caller's stay as extracted (the stream keeps them in state)."""
     inventory = dict(inventory or {})
-    evs = [e for e in events if in_horizon(workload, e)]
+    evs = [e for e in events if e.source not in NODE_SCOPED or in_horizon(workload, e)]    # the rest are the job's
     did = diagnosis_id(workload, evs, inventory, catalog.version)
     work = evs if owned else [e.copy() for e in evs]
     work.append(scheduler_event(workload))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import compress
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ from .early import holds, reader, value_of
 from .model import Ev
 from .order import file_runs, in_file_order, placed, precedes, root_order, same_clock, uptime_gap
 
-__all__ = ["Edge", "FinalContext", "coverage", "joins", "placed", "reachable", "root_order", "run_explains"]
+__all__ = ["Edge", "FinalContext", "TargetPool", "coverage", "joins", "placed", "reachable", "root_order", "run_explains"]
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "clock_tolerance_s": 10.0,        # host clocks may disagree this much when nothing measures it
@@ -97,7 +98,8 @@ class FinalContext:
 
     # ------------------------------------------------------------ views
     def by_role(self, role: str) -> list[Ev]:
-        return [e for e in self.events if e.role == role and id(e) not in self.excluded]
+        excluded = self.excluded
+        return [e for e in self.events if e.role == role and id(e) not in excluded]
 
     @property
     def roots(self) -> list[Ev]:
@@ -203,61 +205,95 @@ def same_place(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev, unplaced
     return True
 
 
+_NO_TOLERANCE = timedelta(0)
+_UNKNOWN = object()
+
+
 def joins(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) -> bool:
     """Does ``src`` explain ``tgt`` under the rule's join and window?"""
-    if not same_place(ctx, rule, src, tgt):
-        return False
-    s_on = ctx.when(src)
-    join = rule.join
-    if join == "after_onset" and _distinct_cause(src, tgt):
-        # A distinct firm cause is demoted when the times (or line order) say it came later, or,
-        # where they cannot tell, when the rule knows the direction (a GPU loss takes its peers'
-        # links down, never the reverse). A rule that would read the pair either way round knows
-        # no direction: then a guessed order is no order, and both stay candidates.
-        first = precedes(ctx, src, tgt)
-        if first is False or (first is None and holds(rule.source, tgt) and holds(rule.target, src)):
+    return _Join(ctx, rule, src)(tgt)
+
+
+class _Join:
+    """``joins`` from one source under one rule, for the many targets ``run_explains`` tries: what the
+    rule and the source alone decide (the source's onset, whether it is placed, the rule's window) is
+    read once, not once a target. ``hangs`` (id(target) -> hang_onset) is shared by the sources of a
+    run, as a watchdog line's hang began where it began whichever fault is tried against it."""
+
+    def __init__(self, ctx: FinalContext, rule: ExplainsRule, src: Ev, hangs: dict[int, datetime | None] | None = None):
+        self.ctx, self.rule, self.src = ctx, rule, src
+        self.s_on = ctx.when(src)
+        self.placed = placed(src)
+        # same_place has nothing to check for a rule without equal keys that does not join on place
+        self.place = bool(rule.equal) or rule.join in ("same_host", "same_gpu")
+        self.before = _seconds(rule.before_s)
+        self.tol = ctx.tol()                  # across clocks; nothing a join reads moves it
+        self.hangs = {} if hangs is None else hangs
+
+    def __call__(self, tgt: Ev) -> bool:
+        ctx, rule, src, s_on, join = self.ctx, self.rule, self.src, self.s_on, self.rule.join
+        if self.place and not same_place(ctx, rule, src, tgt):
             return False
-    if join in ("after_onset", "within_timeout_window") and not (placed(src) and tgt.stamp is not None):
-        return _unclocked_follows(ctx, rule, src, tgt)
-    if join == "within_timeout_window":
-        # The hang began when the collective was enqueued: the line's stamp minus how long it
-        # ran (or minus the timeout when the line does not say). A fault causes the hang if it
-        # happened within about one training step of that moment, either side: the waiting
-        # ranks got there first, or the failing rank died before they arrived.
-        began = hang_onset(ctx, tgt)
-        if s_on is None or began is None:
+        if join == "after_onset" and _distinct_cause(src, tgt):
+            # A distinct firm cause is demoted when the times (or line order) say it came later, or,
+            # where they cannot tell, when the rule knows the direction (a GPU loss takes its peers'
+            # links down, never the reverse). A rule that would read the pair either way round knows
+            # no direction: then a guessed order is no order, and both stay candidates.
+            first = precedes(ctx, src, tgt)
+            if first is False or (first is None and holds(rule.source, tgt) and holds(rule.target, src)):
+                return False
+        if join in ("after_onset", "within_timeout_window") and not (self.placed and tgt.stamp is not None):
+            return _unclocked_follows(ctx, rule, src, tgt)
+        if join == "within_timeout_window":
+            # The hang began when the collective was enqueued: the line's stamp minus how long it
+            # ran (or minus the timeout when the line does not say). A fault causes the hang if it
+            # happened within about one training step of that moment, either side: the waiting
+            # ranks got there first, or the failing rank died before they arrived.
+            began = self._hang_onset(tgt)
+            if s_on is None or began is None:
+                return False
+            slack = _seconds(float(ctx.settings["hang_slack_s"])) + self._tolerance(tgt)
+            return abs(s_on - began) <= slack
+        t_on = ctx.when(tgt)
+        if t_on is None:
+            t_on = ctx.seen(tgt)
+        if s_on is None or t_on is None:
+            # Untimed events join on place; a window is checked on the file's own clock (dmesg uptime)
+            # or, lacking one, on line order (within one file, line order is causal order).
+            if join not in ("same_host", "same_gpu", "same_workload"):
+                return False
+            if rule.window_s is None:
+                return True
+            gap = uptime_gap(src, tgt)
+            if gap is not None:
+                return -float(rule.before_s) <= gap <= float(rule.window_s)
+            order = in_file_order(src, tgt, ctx.runs())
+            return bool(order) if rule.before_s == 0 else order is not None
+        if join == "after_onset" and s_on == t_on:
+            order = in_file_order(src, tgt, ctx.runs())
+            if order is not None:
+                return order                  # the same second in one run of a file: line order decides
+        tol = self._tolerance(tgt)
+        before = self.before
+        if tgt.quality == "inherited":
+            # An inherited stamp is only a lower bound (the last stamped line above it).
+            before += _seconds(float(ctx.settings["inherited_slack_s"]))
+        if t_on < s_on - tol - before:
             return False
-        slack = _seconds(float(ctx.settings["hang_slack_s"])) + _tolerance(ctx, src, tgt)
-        return abs(s_on - began) <= slack
-    t_on = ctx.when(tgt)
-    if t_on is None:
-        t_on = ctx.seen(tgt)
-    if s_on is None or t_on is None:
-        # Untimed events join on place; a window is checked on the file's own clock (dmesg uptime)
-        # or, lacking one, on line order (within one file, line order is causal order).
-        if join not in ("same_host", "same_gpu", "same_workload"):
+        if rule.window_s is not None and t_on - s_on > _seconds(float(rule.window_s)) + tol:
             return False
-        if rule.window_s is None:
-            return True
-        gap = uptime_gap(src, tgt)
-        if gap is not None:
-            return -float(rule.before_s) <= gap <= float(rule.window_s)
-        order = in_file_order(src, tgt, ctx.runs())
-        return bool(order) if rule.before_s == 0 else order is not None
-    if join == "after_onset" and s_on == t_on:
-        order = in_file_order(src, tgt, ctx.runs())
-        if order is not None:
-            return order                  # the same second in one run of a file: line order decides
-    tol = _tolerance(ctx, src, tgt)
-    before = _seconds(rule.before_s)
-    if tgt.quality == "inherited":
-        # An inherited stamp is only a lower bound (the last stamped line above it).
-        before += _seconds(float(ctx.settings["inherited_slack_s"]))
-    if t_on < s_on - tol - before:
-        return False
-    if rule.window_s is not None and t_on - s_on > _seconds(float(rule.window_s)) + tol:
-        return False
-    return True
+        return True
+
+    def _tolerance(self, tgt: Ev) -> timedelta:
+        """How far the two lines' clocks may disagree: one host (one file) has one clock, its lines
+        need no tolerance against each other."""
+        return _NO_TOLERANCE if same_clock(self.src, tgt) else self.tol
+
+    def _hang_onset(self, tgt: Ev) -> datetime | None:
+        began = self.hangs.get(id(tgt), _UNKNOWN)
+        if began is _UNKNOWN:
+            began = self.hangs[id(tgt)] = hang_onset(self.ctx, tgt)
+        return began
 
 
 def hang_onset(ctx: FinalContext, report: Ev) -> datetime | None:
@@ -272,15 +308,6 @@ def hang_onset(ctx: FinalContext, report: Ev) -> datetime | None:
         return seen - timedelta(milliseconds=ctx.timeout_ms(report))
     except OverflowError:                   # a stamp near year 1: no hang before it to place
         return None
-
-
-_NO_TOLERANCE = timedelta(0)
-
-
-def _tolerance(ctx: FinalContext, src: Ev, tgt: Ev) -> timedelta:
-    """How far the two lines' clocks may disagree: one host (one file) has one clock, its lines
-    need no tolerance against each other."""
-    return _NO_TOLERANCE if same_clock(src, tgt) else ctx.tol()
 
 
 @lru_cache(maxsize=256)
@@ -325,7 +352,9 @@ def run_explains(ctx: FinalContext) -> None:
     A report folded into another as the same fault (``ctx.fault_of``) still explains what it
     caused, for its fault: its edges are reached from the fault's representative."""
     order = sorted(ctx.roots, key=root_order)
-    pool = _TargetPool([t for t in ctx.events if id(t) not in ctx.excluded and t.role in ("root", "symptom", "marker")])
+    pool = TargetPool([t for t in ctx.events if id(t) not in ctx.excluded and t.role in ("root", "symptom", "marker")])
+    explained_by, fault_of = ctx.explained_by, ctx.fault_of
+    hangs: dict[int, datetime | None] = {}        # nothing here moves a clock or a timeout: one hang onset a target
     for rule in ctx.catalog.explains:
         if rule.relation != "explains":
             continue
@@ -335,13 +364,16 @@ def run_explains(ctx: FinalContext) -> None:
         if not targets:
             continue
         for src in order:
-            if (id(src) in ctx.explained_by and id(src) not in ctx.fault_of) or not holds(rule.source, src):
+            if (id(src) in explained_by and id(src) not in fault_of) or not holds(rule.source, src):
                 continue
             fault = ctx.fault(src)
+            join = _Join(ctx, rule, src, hangs)
             for tgt in targets:
-                if tgt is src or id(tgt) in ctx.explained_by or ctx.fault(tgt) is fault:
+                if tgt is src or id(tgt) in explained_by:
                     continue
-                if not joins(ctx, rule, src, tgt):
+                if (ctx.fault(tgt) if id(tgt) in fault_of else tgt) is fault:   # only a folded report is another's
+                    continue
+                if not join(tgt):
                     continue
                 ctx.edges.append(Edge(rule.id, rule.join, src, tgt))
                 fired.append(tgt)
@@ -352,52 +384,47 @@ def run_explains(ctx: FinalContext) -> None:
             ctx.step(rule.id, "explain", fired, demoted=len(demoted))
 
 
-class _TargetPool:
-    """The events an explains rule may target, and the condition terms' verdicts on them.
+class TargetPool:
+    """Events and the condition terms' verdicts on them: ``matching(cond)`` is the events ``holds`` for,
+    in order, for as long as nothing changes what the terms read (the pool of ``run_explains``: nothing
+    there changes an event's role or exclusion).
 
-    The rules share their first terms (``role: root``, ``kind: xid``) and nothing in ``run_explains``
-    changes an event's role or exclusion, so a first term's verdict is worked out once per pool, a
-    matcher tested once per distinct value of its key (an event kind, a role), not once per event and
-    rule. The terms after it are read only on the events the terms before them kept: a rule's first
-    term leaves a few events of thousands, and grouping the whole pool by every key a rule names cost
-    more than the rules' joins. The same targets in the same order as ``holds`` on each event.
+    Conditions share their first terms (``role: root``, ``kind: xid``), so a first term's verdict is
+    worked out once a pool, its matcher tested once per distinct value of its key (an event kind, a
+    role), not once per event and rule. The terms after it are read only on the events the terms
+    before them kept: a first term leaves a few events of thousands, and grouping the whole pool by
+    every key a rule names cost more than the rules' joins.
     """
 
     def __init__(self, events: list[Ev]) -> None:
         self.events = events
-        self._groups: dict[str, tuple[dict[tuple[type, Any], list[int]], list[tuple[int, Any]]]] = {}
+        self._typed: dict[str, list[tuple[type, Any]]] = {}
         self._verdicts: dict[Any, set[int]] = {}
         self._tests: dict[Matcher, dict[tuple[type, Any], bool]] = {}
 
-    def _by_value(self, key: str) -> tuple[dict[tuple[type, Any], list[int]], list[tuple[int, Any]]]:
-        """The events' positions by their value of ``key`` (keyed with the type: 1, 1.0 and True are
-        equal keys, not equal strings), and the (position, value) of values that cannot be hashed."""
-        found = self._groups.get(key)
+    def _values(self, key: str) -> list[tuple[type, Any]]:
+        """Each event's value of ``key`` with its type (1, 1.0 and True are equal keys, not equal strings)."""
+        found = self._typed.get(key)
         if found is None:
-            groups: dict[tuple[type, Any], list[int]] = {}
-            odd: list[tuple[int, Any]] = []
-            for i, value in enumerate(map(reader(key), self.events)):
-                try:
-                    groups.setdefault((type(value), value), []).append(i)
-                except TypeError:           # a list in fields
-                    odd.append((i, value))
-            found = self._groups[key] = (groups, odd)
+            values = list(map(reader(key), self.events))
+            found = self._typed[key] = list(zip(map(type, values), values))
         return found
 
     def _verdict(self, key: str, matcher: Matcher) -> set[int]:
-        """The positions of the events whose ``key`` the matcher accepts: one test per distinct value."""
+        """The positions of the events whose ``key`` the matcher accepts: one test per distinct value,
+        the events sorted into those values at C speed."""
         try:
             have = self._verdicts.get((key, matcher))
         except TypeError:                   # a matcher whose argument cannot be hashed
             have = None
         if have is not None:
             return have
-        groups, odd = self._by_value(key)
-        have = set()
-        for (_, value), positions in groups.items():
-            if matcher.test(value):
-                have.update(positions)
-        have.update(i for i, value in odd if matcher.test(value))
+        typed = self._values(key)
+        try:
+            accepted = {value for value in dict.fromkeys(typed) if matcher.test(value[1])}
+            have = set(compress(range(len(typed)), map(accepted.__contains__, typed)))
+        except TypeError:                   # a list in fields: each event tested
+            have = {i for i, (_, value) in enumerate(typed) if matcher.test(value)}
         try:
             self._verdicts[(key, matcher)] = have
         except TypeError:

@@ -12,8 +12,7 @@ on place (and the declared window either side, as far as the times' bases can te
 from __future__ import annotations
 
 from .catalog import IDENTITY
-from .early import holds
-from .final import Edge, FinalContext, reporter_only, same_place
+from .final import Edge, FinalContext, TargetPool, reporter_only, same_place
 from .model import Ev
 from .order import root_order, within
 
@@ -24,10 +23,12 @@ def fold_identities(ctx: FinalContext) -> None:
     for rule in ctx.catalog.explains:
         if rule.relation not in IDENTITY:
             continue
-        sources = [r for r in roots if holds(rule.source, r)]
+        # The roots each side's condition holds for, in order: a pool a relation, as folding changes hosts.
+        pool = TargetPool(roots)
+        sources = pool.matching(rule.source)
         if not sources:
             continue
-        targets = [r for r in roots if holds(rule.target, r)]
+        targets = pool.matching(rule.target)
         # A report that names no host (a pasted dmesg, an unlabelled console line) is the other side's
         # only when every report on that side names one and the same host: nowhere else it could be.
         # The fault then has that host (the driver's line names the GPU, the app's line the host).
