@@ -158,7 +158,8 @@ class FinalContext:
         if _usable_timeout(value):
             return float(value)
         if self._workload_timeout is None:
-            seen = [e.fields["timeout_ms"] for e in self.events if _usable_timeout(e.fields.get("timeout_ms"))]
+            stated = [v for v in (e.fields.get("timeout_ms") for e in self.events) if v is not None]
+            seen = [v for v in stated if _usable_timeout(v)]
             self._workload_timeout = float(max(seen)) if seen else float(self.settings["default_timeout_ms"])
         return self._workload_timeout
 
@@ -267,10 +268,10 @@ class _Join:
             gap = uptime_gap(src, tgt)
             if gap is not None:
                 return -float(rule.before_s) <= gap <= float(rule.window_s)
-            order = in_file_order(src, tgt, ctx.runs())
+            order = _line_order(ctx, src, tgt)
             return bool(order) if rule.before_s == 0 else order is not None
         if join == "after_onset" and s_on == t_on:
-            order = in_file_order(src, tgt, ctx.runs())
+            order = _line_order(ctx, src, tgt)
             if order is not None:
                 return order                  # the same second in one run of a file: line order decides
         tol = self._tolerance(tgt)
@@ -310,6 +311,12 @@ def hang_onset(ctx: FinalContext, report: Ev) -> datetime | None:
         return None
 
 
+def _line_order(ctx: FinalContext, src: Ev, tgt: Ev) -> bool | None:
+    """``in_file_order`` of the two lines, the file runs (``ctx.runs``: every file's lines sorted)
+    worked out only when two lines of one file are compared."""
+    return in_file_order(src, tgt, ctx.runs()) if src.path == tgt.path else None
+
+
 @lru_cache(maxsize=256)
 def _seconds(value: float) -> timedelta:
     """timedelta(seconds=value) for the few settings and rule windows a join reads, made once each."""
@@ -331,7 +338,7 @@ def _unclocked_follows(ctx: FinalContext, rule: ExplainsRule, src: Ev, tgt: Ev) 
     gap = uptime_gap(src, tgt)
     if gap is not None:
         return gap >= 0 and (rule.window_s is None or rule.join != "after_onset" or gap <= float(rule.window_s))
-    order = in_file_order(src, tgt, ctx.runs())
+    order = _line_order(ctx, src, tgt)
     if order is not None:
         return order
     s_low = ctx.when(src)
