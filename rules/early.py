@@ -164,6 +164,8 @@ def run_early(catalog: Catalog, events: Iterable[Ev]) -> tuple[list[Ev], EarlyTr
                     memo.clear()
                 memo[key] = done
             dropped = any(action == "drop" for _, action in done)
+            for rule, action in done:
+                trail.note(rule, ev, action)
         else:
             dropped = False
             for rule, action in done:         # as _run_rules did it, on this event
@@ -173,8 +175,7 @@ def run_early(catalog: Catalog, events: Iterable[Ev]) -> tuple[list[Ev], EarlyTr
                 else:
                     apply_tag(ev, rule.tag, rule.output)
                     ev.early_rules.append(rule.id)
-        for rule, action in done:
-            trail.note(rule, ev, action)
+                trail.note(rule, ev, action)
         if ev.role is None:
             ev.role = "context"         # nothing claimed it: kept for the timeline, never blamed
         if dropped or ev.role == "noise":
