@@ -26,6 +26,20 @@ is_hex_low(unsigned char c)
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
 }
 
+/* Does the byte b follow the byte a somewhere in the n bytes at z? */
+static int
+follows(const unsigned char *z, Py_ssize_t n, unsigned char a, unsigned char b)
+{
+    const unsigned char *end = z + n;
+    const unsigned char *q = n > 1 ? memchr(z + 1, b, (size_t)(n - 1)) : NULL;
+    while (q != NULL) {
+        if (q[-1] == a)
+            return 1;
+        q = q + 1 < end ? memchr(q + 1, b, (size_t)(end - q - 1)) : NULL;
+    }
+    return 0;
+}
+
 /* (zeroed, key) of the n bytes at src, as new references in *zeroed_out and *key_out (the same
  * object twice when no pointer is blinded); -1 on a memory error. */
 static int
@@ -35,18 +49,12 @@ make_keys(const unsigned char *src, Py_ssize_t n, PyObject **zeroed_out, PyObjec
     if (zeroed == NULL)
         return -1;
     unsigned char *z = (unsigned char *)PyBytes_AS_STRING(zeroed);
-    int has_0x = 0, has_bar = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {       /* branch-free: the compiler vectorizes it */
         unsigned char c = src[i];
-        if (c >= '0' && c <= '9')
-            c = '0';
-        z[i] = c;
-        if (c == 'x' && i > 0 && z[i - 1] == '0')
-            has_0x = 1;
-        else if (c == '|' && i > 0 && z[i - 1] == '%')
-            has_bar = 1;
+        z[i] = (unsigned char)(c - '0') <= 9 ? '0' : c;
     }
-    if (!has_0x || has_bar) {
+    /* "0x" (a digit, then x) and "%|" are rare: memchr finds each x or | there is */
+    if (!follows(z, n, '0', 'x') || follows(z, n, '%', '|')) {
         Py_INCREF(zeroed);
         *zeroed_out = zeroed;
         *key_out = zeroed;
@@ -103,12 +111,61 @@ line_keys(PyObject *self, PyObject *arg)
     return out;
 }
 
-/* head_hit(line, ctx, chains, head_type, max_len) -> None | (head, data, zeroed, key, known)
+/* The Head a remembered prefix gives ``line`` under this very ctx (head_type(message, *seen[1:])), and
+ * in *cut_out where its message starts; found is chains[key], (chain, heads). NULL without an error
+ * when the chain must be replayed or the line read; NULL with one on an error. */
+static PyObject *
+remembered_head(PyObject *line, PyObject *ctx, PyObject *found, PyObject *head_type, Py_ssize_t n,
+                Py_ssize_t *cut_out)
+{
+    PyObject *chain, *heads;
+    Py_ssize_t clen;
+    if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2)
+        return NULL;
+    chain = PyTuple_GET_ITEM(found, 0);
+    heads = PyTuple_GET_ITEM(found, 1);
+    if (!PyTuple_Check(chain) || (clen = PyTuple_GET_SIZE(chain)) < 1 || !PyDict_Check(heads))
+        return NULL;
+    Py_ssize_t cut = PyLong_AsSsize_t(PyTuple_GET_ITEM(chain, clen - 1));
+    if (cut == -1 && PyErr_Occurred())
+        return NULL;
+    if (cut < 0 || cut > n)
+        return NULL;
+    PyObject *prefix = PyUnicode_Substring(line, 0, cut);
+    if (prefix == NULL)
+        return NULL;
+    PyObject *seen = PyDict_GetItemWithError(heads, prefix);    /* borrowed */
+    Py_DECREF(prefix);
+    if (seen == NULL)
+        return NULL;                            /* not remembered, or an error the caller sees */
+    Py_ssize_t k;
+    if (!PyTuple_Check(seen) || (k = PyTuple_GET_SIZE(seen)) < 1 || k > 16 || PyTuple_GET_ITEM(seen, 0) != ctx)
+        return NULL;
+    Py_INCREF(seen);                            /* its items are the call's arguments */
+    PyObject *call[16];
+    PyObject *message = PyUnicode_Substring(line, cut, n);
+    if (message == NULL) {
+        Py_DECREF(seen);
+        return NULL;
+    }
+    call[0] = message;
+    for (Py_ssize_t i = 1; i < k; i++)
+        call[i] = PyTuple_GET_ITEM(seen, i);
+    PyObject *made = PyObject_Vectorcall(head_type, call, (size_t)k, NULL);
+    Py_DECREF(message);
+    Py_DECREF(seen);
+    *cut_out = cut;
+    return made;
+}
+
+/* head_hit(line, ctx, chains, head_type, max_len) -> None | (head, mdata, mzeroed)
+ *                                                   | (None, data, zeroed, key, known)
  *
  * read_head_keyed's memo, for a line of ASCII without terminal colours and at most max_len long (None
- * for any other line: the Python path reads it). data is the line's bytes, zeroed and key its keys
- * (line_keys), known chains[key] or None; head is the Head a remembered prefix gives under this very
- * ctx (head_type(message, *seen[1:])), or None when the chain must be replayed or the line read. */
+ * for any other line: the Python path reads it). A remembered prefix (a head for it under this very
+ * ctx): the Head (head_type(message, *seen[1:])), the message's bytes and those with their digits as
+ * '0' (the tail of line_keys' zeroed). Otherwise: the line's bytes, its keys (line_keys) and
+ * chains[key] or None, for the chain to be replayed or the line read. */
 static PyObject *
 head_hit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -126,88 +183,99 @@ head_hit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (n > max_len)
         Py_RETURN_NONE;
     const unsigned char *c = (const unsigned char *)PyUnicode_1BYTE_DATA(line);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (c[i] == 0x1b || (c[i] == '[' && i + 2 < n && c[i + 1] == '0' && c[i + 2] == 'm'))
-            Py_RETURN_NONE;                     /* colours: plain() first, in Python */
+    if (memchr(c, 0x1b, (size_t)n) != NULL)
+        Py_RETURN_NONE;                         /* colours: plain() first, in Python */
+    for (const unsigned char *q = memchr(c, '[', (size_t)n); q != NULL;
+         q = q + 1 < c + n ? memchr(q + 1, '[', (size_t)(c + n - q - 1)) : NULL) {
+        if (q + 2 < c + n && q[1] == '0' && q[2] == 'm')
+            Py_RETURN_NONE;                     /* a reset "[0m" whose ESC was lost: plain() too */
     }
-    PyObject *data = PyBytes_FromStringAndSize((const char *)c, n);
-    if (data == NULL)
+    PyObject *zeroed, *key, *data, *out = NULL;
+    if (make_keys(c, n, &zeroed, &key) < 0)
         return NULL;
-    PyObject *zeroed, *key;
-    if (make_keys(c, n, &zeroed, &key) < 0) {
-        Py_DECREF(data);
-        return NULL;
-    }
-    PyObject *head = Py_None, *known = Py_None;         /* owned: each goes into the result or is dropped */
-    Py_INCREF(head);
-    Py_INCREF(known);
     PyObject *found = PyDict_GetItemWithError(chains, key);      /* borrowed */
     if (found == NULL && PyErr_Occurred())
-        goto fail;
+        goto done;
+    Py_XINCREF(found);                          /* owned from here: calling head_type runs Python code */
     if (found != NULL) {
-        Py_DECREF(known);
-        known = found;
-        Py_INCREF(known);
-        PyObject *chain, *heads, *cut_obj;
-        Py_ssize_t cut, clen;
-        if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 2)
-            goto done;
-        chain = PyTuple_GET_ITEM(found, 0);
-        heads = PyTuple_GET_ITEM(found, 1);
-        if (!PyTuple_Check(chain) || (clen = PyTuple_GET_SIZE(chain)) < 1 || !PyDict_Check(heads))
-            goto done;
-        cut_obj = PyTuple_GET_ITEM(chain, clen - 1);
-        cut = PyLong_AsSsize_t(cut_obj);
-        if (cut == -1 && PyErr_Occurred())
-            goto fail;
-        if (cut < 0 || cut > n)
-            goto done;
-        PyObject *prefix = PyUnicode_Substring(line, 0, cut);
-        if (prefix == NULL)
-            goto fail;
-        PyObject *seen = PyDict_GetItemWithError(heads, prefix);  /* borrowed */
-        Py_DECREF(prefix);
-        if (seen == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
-            goto done;
+        Py_ssize_t cut = 0;
+        PyObject *head = remembered_head(line, ctx, found, head_type, n, &cut);
+        if (head == NULL && PyErr_Occurred())
+            goto done_found;
+        if (head != NULL) {
+            PyObject *mdata = PyBytes_FromStringAndSize((const char *)c + cut, n - cut);
+            PyObject *mzeroed = NULL;
+            if (mdata != NULL) {
+                if (cut == 0) {
+                    mzeroed = zeroed;
+                    Py_INCREF(mzeroed);
+                }
+                else
+                    mzeroed = PyBytes_FromStringAndSize(PyBytes_AS_STRING(zeroed) + cut, n - cut);
+            }
+            if (mzeroed != NULL)
+                out = PyTuple_Pack(3, head, mdata, mzeroed);
+            Py_DECREF(head);
+            Py_XDECREF(mdata);
+            Py_XDECREF(mzeroed);
+            goto done_found;
         }
-        if (!PyTuple_Check(seen) || PyTuple_GET_SIZE(seen) < 1 || PyTuple_GET_ITEM(seen, 0) != ctx)
-            goto done;
-        Py_ssize_t k = PyTuple_GET_SIZE(seen);
-        PyObject *call[16];
-        if (k > 16)
-            goto done;
-        PyObject *message = PyUnicode_Substring(line, cut, n);
-        if (message == NULL)
-            goto fail;
-        call[0] = message;
-        for (Py_ssize_t i = 1; i < k; i++)
-            call[i] = PyTuple_GET_ITEM(seen, i);
-        PyObject *made = PyObject_Vectorcall(head_type, call, (size_t)k, NULL);
-        Py_DECREF(message);
-        if (made == NULL)
-            goto fail;
-        Py_DECREF(head);
-        head = made;
     }
-done:;
-    PyObject *out = PyTuple_New(5);
-    if (out == NULL)
-        goto fail;
-    PyTuple_SET_ITEM(out, 0, head);
-    PyTuple_SET_ITEM(out, 1, data);
-    PyTuple_SET_ITEM(out, 2, zeroed);
-    PyTuple_SET_ITEM(out, 3, key);
-    PyTuple_SET_ITEM(out, 4, known);
-    return out;
-fail:
-    Py_DECREF(head);
-    Py_DECREF(known);
-    Py_DECREF(data);
+    data = PyBytes_FromStringAndSize((const char *)c, n);
+    if (data != NULL) {
+        out = PyTuple_Pack(5, Py_None, data, zeroed, key, found != NULL ? found : Py_None);
+        Py_DECREF(data);
+    }
+done_found:
+    Py_XDECREF(found);
+done:
     Py_DECREF(zeroed);
     Py_DECREF(key);
-    return NULL;
+    return out;
+}
+
+/* newlines(data, start, end) -> data.count(b"\n", start, end): where a block's lines start and how many
+ * it holds (rules/extract.py). bytes.count tests byte by byte; this loop the compiler vectorizes. */
+static PyObject *
+newlines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "newlines(data, start, end) takes bytes and two ints");
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    if (end == -1 && PyErr_Occurred())
+        return NULL;
+    /* as a slice reads them (bytes.count's own adjustment) */
+    if (end > n)
+        end = n;
+    else if (end < 0 && (end += n) < 0)
+        end = 0;
+    if (start < 0 && (start += n) < 0)
+        start = 0;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t count = 0;
+    /* 16 byte-wide counters, summed every 255 rounds before one can overflow: the compiler makes each
+     * round one vector compare and subtract */
+    while (end - start >= 16) {
+        unsigned char lanes[16] = {0};
+        Py_ssize_t rounds = (end - start) / 16;
+        if (rounds > 255)
+            rounds = 255;
+        for (Py_ssize_t r = 0; r < rounds; r++, start += 16) {
+            for (int j = 0; j < 16; j++)
+                lanes[j] += p[start + j] == '\n';
+        }
+        for (int j = 0; j < 16; j++)
+            count += lanes[j];
+    }
+    for (; start < end; start++)
+        count += p[start] == '\n';
+    return PyLong_FromSsize_t(count);
 }
 
 static PyMethodDef methods[] = {
@@ -215,8 +283,11 @@ static PyMethodDef methods[] = {
      "line_keys(data) -> (zeroed, key): data with its digits as '0', and that with its pointers' hex\n"
      "letters as '0' too (the same object when there are none)."},
     {"head_hit", (PyCFunction)(void (*)(void))head_hit, METH_FASTCALL,
-     "head_hit(line, ctx, chains, head_type, max_len) -> None | (head, data, zeroed, key, known): the\n"
-     "remembered head of a plain ASCII line (see rules/prefixes.py read_head_keyed)."},
+     "head_hit(line, ctx, chains, head_type, max_len) -> None | (head, mdata, mzeroed) | (None, data,\n"
+     "zeroed, key, known): the remembered head of a plain ASCII line and its message's keys, else its\n"
+     "keys (see rules/prefixes.py read_head_keyed)."},
+    {"newlines", (PyCFunction)(void (*)(void))newlines, METH_FASTCALL,
+     "newlines(data, start, end) -> data.count(b\"\\n\", start, end)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
@@ -27,6 +28,18 @@ from .model import Ev, EventSet
 from .prefilter import Prefilter, TooManyHits, anchor_index
 from .prefixes import Head, StampContext, read_head, read_head_keyed
 from .stamps import iso_z, parse_iso, parse_rfc1123z
+
+
+def _newlines(data: bytes, start: int, end: int) -> int:
+    """How many lines end in ``data[start:end]``."""
+    return data.count(b"\n", start, end)
+
+
+try:        # rules/_linekey.c: the same count, vectorized (a block's bytes are counted twice, in full)
+    from ._linekey import newlines as _newlines_c
+except ImportError:                 # not compiled (or built before it had one): the same answers
+    _newlines_c = None
+newlines = _newlines if _newlines_c is None or os.environ.get("FIRSTFAULT_PURE_PYTHON") == "1" else _newlines_c
 
 MIXED = "mixed"               # a file of unknown kind: any source's patterns apply
 MAX_LINE = 64 * 1024          # longer lines are matched on their first MAX_LINE bytes (and flagged)
@@ -189,13 +202,22 @@ def _memo(catalog: Catalog) -> _Memo:
     return _Memo()
 
 
+def _anchor_key(anchor_ids: Collection[int]) -> int | frozenset[int]:
+    """A line's anchor ids as the candidates memo's key: one id as itself (most lines hit one
+    anchor: no set to build), more as their frozenset. An int never equals a frozenset."""
+    if len(anchor_ids) == 1:
+        (aid,) = anchor_ids
+        return aid
+    return frozenset(anchor_ids)
+
+
 class _Candidates:
-    """The patterns to try for a line that hit some anchors, in priority order."""
+    """The patterns to try for a line that hit some anchors, in priority order (and their plans)."""
 
-    __slots__ = ("patterns", "cid", "blind")
+    __slots__ = ("patterns", "plans", "cid", "blind")
 
-    def __init__(self, patterns: tuple[Pattern, ...], cid: int) -> None:
-        self.patterns, self.cid = patterns, cid
+    def __init__(self, patterns: tuple[Pattern, ...], cid: int, plans: tuple[_Plan, ...]) -> None:
+        self.patterns, self.cid, self.plans = patterns, cid, plans
         # How many of them, from the first, read digits alike (see Extractor._match).
         self.blind = next((i for i, p in enumerate(patterns) if not p.digit_blind), len(patterns))
 
@@ -214,24 +236,35 @@ class Extractor:
         pre, self.by_anchor = anchor_index(catalog)
         self.prefilter = Prefilter(pre.anchors, force_fallback=True) if force_fallback else pre
         self._priority = {p.id: i for i, p in enumerate(catalog.patterns)}
-        self._cand_cache: dict[tuple[frozenset[int], str], _Candidates] = {}
+        # source -> anchor ids (one id as itself, more as a frozenset: see _anchor_key) -> candidates
+        self._cand_cache: dict[str, dict[int | frozenset[int], _Candidates]] = {}
         self._ctx_cache: dict[str | None, StampContext] = {}
         self._file_ctx: dict[tuple[str | None, str], StampContext] = {}     # (host, path) -> with its year anchor
         self._stated: dict[str, tuple[int, Any]] = {}     # path -> (line, time) of its last line stating its time
         self._scopes: dict[str, dict[str, str | None]] = {}   # path -> what its lines so far say of the next (Pattern.scope)
         self._memo = _memo(catalog)
+        self._outcomes = self._memo.outcomes          # cleared in place, never replaced
 
-    def _candidates(self, anchor_ids: frozenset[int], source: str) -> _Candidates:
+    def _candidates(self, anchor_ids: Collection[int], source: str) -> _Candidates:
         """Patterns to try for a line that hit these anchors, in priority order (memoized)."""
-        key = (anchor_ids, source)
-        found = self._cand_cache.get(key)
-        if found is None:
-            # A console log (an application file, or one of unknown kind) may hold any source's
-            # lines: users paste dmesg and kubectl output into the job's output file.
-            pats = {p.id: p for aid in anchor_ids for p in self.by_anchor[aid]
-                    if source in p.sources or source in (MIXED, "app")}
-            patterns = tuple(sorted(pats.values(), key=lambda p: self._priority[p.id]))
-            found = self._cand_cache[key] = _Candidates(patterns, self._memo.cid(patterns))
+        return self._source_candidates(source).get(_anchor_key(anchor_ids)) or self._new_candidates(anchor_ids, source)
+
+    def _source_candidates(self, source: str) -> dict[int | frozenset[int], _Candidates]:
+        """The candidates memo of one source's lines, by _anchor_key (scan_block looks it up once a block)."""
+        table = self._cand_cache.get(source)
+        if table is None:
+            table = self._cand_cache[source] = {}
+        return table
+
+    def _new_candidates(self, anchor_ids: Iterable[int], source: str) -> _Candidates:
+        ids = frozenset(anchor_ids)
+        # A console log (an application file, or one of unknown kind) may hold any source's
+        # lines: users paste dmesg and kubectl output into the job's output file.
+        pats = {p.id: p for aid in ids for p in self.by_anchor[aid]
+                if source in p.sources or source in (MIXED, "app")}
+        patterns = tuple(sorted(pats.values(), key=lambda p: self._priority[p.id]))
+        found = _Candidates(patterns, self._memo.cid(patterns), tuple(self._memo.plan(p) for p in patterns))
+        self._source_candidates(source)[_anchor_key(ids)] = found
         return found
 
     @staticmethod
@@ -273,7 +306,7 @@ class Extractor:
         tail: list[bytes] = []
         base_line = 1
         for chunk in _whole_lines(chunks):
-            lines_here = chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1)
+            lines_here = newlines(chunk, 0, len(chunk)) + (0 if chunk.endswith(b"\n") else 1)
             self.scan_block(path, source, file_host, ctx, chunk, base_line, events, stats, tail, lines_here)
             stats.lines += lines_here
             base_line += lines_here
@@ -289,7 +322,7 @@ class Extractor:
                    tail: list[bytes] | None = None, lines: int | None = None) -> None:
         """Prefilter one block of consecutive lines of ``path`` starting at ``first_line``
         (``lines``: how many it holds, when the caller has counted them)."""
-        lines = block.count(b"\n") + 1 if lines is None else lines
+        lines = newlines(block, 0, len(block)) + 1 if lines is None else lines
         try:
             # Real logs hit a few anchors a line; far more means a line made of anchors.
             hits = self.prefilter.scan(block, MAX_LINE, max_hits=8 * lines + 10_000)
@@ -298,80 +331,102 @@ class Extractor:
             hits = self.prefilter.scan(block, MAX_LINE)
         if not hits:
             return
+        candidates_of = self._source_candidates(source)
+        read = self._read_line
+        find = block.find
         line_no = first_line
         pos = 0
-        above = _Above(block, 0, tail, line_no, {}, events)     # one for the block, moved from line to line
-        for start in sorted(hits):
-            line_no += block.count(b"\n", pos, start)
-            pos = start
-            end = block.find(b"\n", start)
-            raw = block[start:end if end >= 0 else len(block)]
-            stats.candidates += 1
-            above.start, above.line_no = start, line_no
-            ev = self.read_line(path, source, file_host, ctx, line_no, raw, hits[start], above, stats)
-            if ev is not None:
-                stats.matched += 1
-                if ev is not FOLDED:
-                    events.add(ev)
+        candidates = matched = 0
+        above = _Above(block, 0, tail, line_no, events)     # one for the block, moved from line to line
+        try:
+            for start, ids in sorted(hits.items()):
+                line_no += newlines(block, pos, start)
+                pos = start
+                end = find(b"\n", start)
+                candidates += 1
+                above.start, above.line_no = start, line_no
+                # the anchors' candidates, keyed as _anchor_key keys them (most lines hit one anchor)
+                if len(ids) == 1:
+                    (key,) = ids
+                else:
+                    key = frozenset(ids)
+                ev = read(path, source, file_host, ctx, line_no, block[start:end if end >= 0 else len(block)],
+                          candidates_of.get(key) or self._new_candidates(ids, source), above, stats)
+                if ev is not None:
+                    matched += 1
+                    if ev is not FOLDED:
+                        events.add(ev)
+        finally:                        # counted as they were read, whatever stops the block
+            stats.candidates += candidates
+            stats.matched += matched
 
     # ------------------------------------------------------------ one line
     def read_line(self, path: str, source: str, file_host: str | None, ctx: StampContext,
-                  line_no: int, raw: bytes, anchor_ids: Iterable[int], above, stats: ExtractStats,
+                  line_no: int, raw: bytes, anchor_ids: Collection[int], above, stats: ExtractStats,
                   remember_only: bool = False) -> Ev | None:
         """The line's event (None: no pattern matched, or FOLDED). ``remember_only``: a line read again
         for context (a stream worker taking a partition over re-reads the lines before its offset):
         what it says of the lines below it (``Pattern.scope``, a stated time) is kept, and no event is
         made, so the lines after it are read as one reader would."""
+        return self._read_line(path, source, file_host, ctx, line_no, raw, self._candidates(anchor_ids, source),
+                               above, stats, remember_only)
+
+    def _read_line(self, path: str, source: str, file_host: str | None, ctx: StampContext, line_no: int,
+                   raw: bytes, candidates: _Candidates, above, stats: ExtractStats,
+                   remember_only: bool = False) -> Ev | None:
+        """``read_line`` with the line's candidate patterns found."""
         truncated = len(raw) > MAX_LINE
         if truncated:
             raw = raw[:MAX_LINE]
             stats.truncated += 1
-        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        text = raw.decode("utf-8", "replace").rstrip("\r")
         damaged = truncated or "\ufffd" in text
-        head, data, zeroed = read_head_keyed(text, ctx)
+        head, data, zeroed = read_head_keyed(text, ctx)     # and the message's UTF-8 and key, if ASCII
         message = head.message
-        if data is not None and data.isascii():
-            # The message is the tail of the line read: its bytes and its key are the line's tail too.
-            cut = len(data) - len(message)
-            data, zeroed = data[cut:], zeroed[cut:]
-        else:
-            data = zeroed = None
-        found = self._match(self._candidates(frozenset(anchor_ids), source), message, data, zeroed)
-        if found is not None:
-            pat, spans, data = found
-            if pat.in_block is not None and above is not None and _under_header(pat, above, ctx):
-                pat = self._memo.in_block(pat)
-            base = None
-            if pat.scope:
-                base = self._memo.plan(pat).fields(message, data, spans)
-                self._set_scope(path, pat, base)
-            if head.stamp is None and head.quality != "order_only" and above is not None:
-                if isinstance(above, _Above):
-                    gap = above.inherit(head, ctx)
-                else:
-                    gap = _inherit(head, above(), ctx)
+        found = self._match(candidates, message, data, zeroed)
+        if found is None:
+            if damaged and not remember_only:
+                return self._unparsed(path, source, file_host, line_no, text, head, truncated, stats)
+            return None
+        plan, spans, data = found
+        pat = plan.pat
+        if pat.in_block is not None and above is not None and _under_header(pat, above, ctx):
+            pat = self._memo.in_block(pat)
+            plan = self._memo.plan(pat)
+        base = None
+        if pat.scope:
+            base = plan.fields(message, data, spans)
+            self._set_scope(path, pat, base)
+        # An _Above is the block's (scan_block); a callable gives the lines above (the stream's).
+        block_above = above if type(above) is _Above else None
+        if head.stamp is None and head.quality != "order_only" and above is not None:
+            gap = block_above.inherit(head, ctx) if block_above is not None else _inherit(head, above(), ctx)
+            if path in self._stated:
                 self._stated_above(head, path, line_no, gap)
-            if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
-                # A report's field (kubectl describe's "Finished:") dates its record above it, not the
-                # lines below: only a log line's stated time bounds what follows it.
-                m = _Spans(message, data, spans, pat.regex)
-                if _own_stamp(head, m.group_text(pat.stamp_field), ctx) and not pat.dates_above:
-                    self._note_stated(path, line_no, head.stamp)
-            if remember_only:
-                return None
-            return self._event(pat, spans, message, data, base, head, path, source, file_host, line_no, text,
-                               damaged, above.events if isinstance(above, _Above) else None)
-        if damaged and not remember_only:
-            stats.unparsed += 1
-            if len(stats.unparsed_refs) < 10:
-                stats.unparsed_refs.append((path, line_no))
-            # Kept as evidence: one aggregated event per file, so a flood stays one entry.
-            return Ev(kind="unparsed", pattern="unparsed", source=source, path=path, line=line_no,
-                      text=_shown(text), host=file_host, stamp=head.stamp, last_stamp=head.stamp,
-                      onset=head.stamp, quality=head.quality,
-                      fields={"reason": "line too long" if truncated else "invalid UTF-8"},
-                      signature="\x1f".join(("unparsed", path)))
-        return None
+        if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
+            # A report's field (kubectl describe's "Finished:") dates its record above it, not the
+            # lines below: only a log line's stated time bounds what follows it.
+            m = _Spans(message, data, spans, pat.regex)
+            if _own_stamp(head, m.group_text(pat.stamp_field), ctx) and not pat.dates_above:
+                self._note_stated(path, line_no, head.stamp)
+        if remember_only:
+            return None
+        return self._event(plan, spans, message, data, base, head, path, source, file_host, line_no, text,
+                           damaged, block_above.events if block_above is not None else None)
+
+    @staticmethod
+    def _unparsed(path: str, source: str, file_host: str | None, line_no: int, text: str, head: Head,
+                  truncated: bool, stats: ExtractStats) -> Ev:
+        """A damaged line no pattern matched, kept as evidence: one aggregated event per file, so a
+        flood stays one entry."""
+        stats.unparsed += 1
+        if len(stats.unparsed_refs) < 10:
+            stats.unparsed_refs.append((path, line_no))
+        return Ev(kind="unparsed", pattern="unparsed", source=source, path=path, line=line_no,
+                  text=_shown(text), host=file_host, stamp=head.stamp, last_stamp=head.stamp,
+                  onset=head.stamp, quality=head.quality,
+                  fields={"reason": "line too long" if truncated else "invalid UTF-8"},
+                  signature="\x1f".join(("unparsed", path)))
 
     def _set_scope(self, path: str, pat: Pattern, fields: dict[str, Any]) -> None:
         """What this line says of the lines below it in its file (``Pattern.scope``): the host they
@@ -410,8 +465,8 @@ class Extractor:
 
     def _match(self, candidates: _Candidates, message: str, data: bytes | None = None,
                zeroed: bytes | None = None) -> _Found | None:
-        """The first of the candidates (priority order) whose regex matches ``message``: the pattern,
-        its match (as the groups' spans on the message's UTF-8) and that UTF-8 (the fields are read
+        """The first of the candidates (priority order) whose regex matches ``message``: the pattern's
+        _Plan, its match (as the groups' spans on the message's UTF-8) and that UTF-8 (the fields are read
         off them by _Plan, only as far as they are needed). ``data``, ``zeroed``: the message's UTF-8
         and that with its digits as "0", when the caller has them.
 
@@ -421,40 +476,46 @@ class Extractor:
         if data is None:
             data = message.encode("utf-8", "surrogatepass")      # once, for every pattern tried
             zeroed = None
-        outcomes = self._memo.outcomes
-        key = (candidates.cid, zeroed if zeroed is not None else data.translate(_ZEROS)) \
-            if len(data) <= MEMO_BYTES else None
-        known = outcomes.get(key, _UNSEEN) if key is not None else _UNSEEN
-        if known is not _UNSEEN:
-            if known is None:
-                return None
-            k, spans = known
-        else:
+        if len(data) > MEMO_BYTES:
+            k, spans = _first(candidates.patterns, data)
+            return None if spans is None else (candidates.plans[k], spans, data)
+        outcomes = self._outcomes
+        key = (candidates.cid, zeroed if zeroed is not None else data.translate(_ZEROS))
+        known = outcomes.get(key, _UNSEEN)
+        if known is _UNSEEN:
             k, spans = _first(candidates.patterns, data)
             # Kept only when every pattern tried reads digits alike (the outcome is then the key's).
-            if key is not None and candidates.blind >= (k + 1 if spans is not None else k):
+            if candidates.blind >= (k + 1 if spans is not None else k):
                 if len(outcomes) >= MEMO_ENTRIES:
                     outcomes.clear()
                 outcomes[key] = None if spans is None else (k, spans)
             if spans is None:
                 return None
-        return candidates.patterns[k], spans, data
+        elif known is None:
+            return None
+        else:
+            k, spans = known
+        return candidates.plans[k], spans, data
 
-    def _event(self, pat: Pattern, spans: list[tuple[int, int]], message: str, data: bytes,
+    def _event(self, plan: _Plan, spans: list[tuple[int, int]], message: str, data: bytes,
                base: dict[str, Any] | None, head: Head, path: str, source: str, file_host: str | None,
                line_no: int, text: str, damaged: bool, into: EventSet | None = None) -> Ev:
         """The line's event; with ``into``, a repeat of an event already there is folded into it
         instead (most lines of a cascade) and FOLDED comes back. ``base``: the pattern's fields of
         this line when the caller read them already (``_Plan.fields``)."""
-        plan = self._memo.plan(pat)
-        scope = self._scopes.get(path)
+        pat = plan.pat
+        scope = self._scopes.get(path) if self._scopes else None
         # Lookups read the pattern's fields; the line's additions come in only for an event that is
         # kept, unless a lookup names one (plan.plain). Until the event is kept only the fields the
-        # lookups name are read (plan.lookup): a folded repeat never needs the rest.
-        lazy = base is None and plan.lazy and not scope
-        if base is None and not lazy:
-            base = plan.fields(message, data, spans)
-        fields: dict[str, Any] = plan.lookup(message, data, spans) if lazy else base
+        # lookups name are read (plan.looked): a folded repeat never needs the rest.
+        lazy = False
+        if base is not None:
+            fields: dict[str, Any] = base
+        elif plan.lazy and not scope:
+            lazy = True
+            fields = plan.read(message, data, spans, plan.looked)
+        else:
+            fields = base = plan.read(message, data, spans, plan.groups)
         if not plan.plain:
             fields = _line_fields(fields, head, damaged)
         if source in (MIXED, "app") and source not in pat.sources:
@@ -468,16 +529,17 @@ class Extractor:
             rank = _rank_of_file(path)
         # Who the line is about: a host it names, the NCCL prefix, the file's host, then the
         # rank map (explicit, else block placement by gpus_per_node, which is only a guess).
+        hosts = self.hosts
         host = None
         by_block = False
         if pat.host_field and fields.get(pat.host_field):
-            host = self.hosts.node(str(fields[pat.host_field]))
+            host = hosts.node(str(fields[pat.host_field]))
         if host is None and pat.pod_field and fields.get(pat.pod_field):
-            host = self.hosts.pod_node(str(fields[pat.pod_field]))
+            host = hosts.pod_node(str(fields[pat.pod_field]))
         if host is None and source in ("syslog", "fabricmanager"):
             host = file_host
         if host is None and head.host:
-            host = self.hosts.node(head.host)
+            host = head.host if head.host in hosts.nodes else hosts.node(head.host)    # most name a node
         if scope:
             # A report's lines (kubectl describe) are about its object, on its node.
             if host is None:
@@ -489,23 +551,24 @@ class Extractor:
         if host is None and file_host:
             host = file_host
         if host is None:
-            host = self.hosts.rank_host(rank)
-            by_block = host is not None and self.hosts.placed_by_block(rank)
+            host = hosts.rank_host(rank)
+            by_block = host is not None and hosts.placed_by_block(rank)
             if by_block and not plan.plain:
                 fields["host_basis"] = "rank_placement"      # a guess: it never drains a node by itself
-        if host is None:
-            host = self.hosts.sole
+            if host is None:
+                host = hosts.sole
         pci = normalize_pci(fields.get(pat.gpu_field)) if pat.gpu_field else None
-        onset = head.stamp
-        ran_ms = fields.get(pat.onset_field) if pat.onset_field else None
-        if head.stamp is not None and isinstance(ran_ms, (int, float)) and 0 <= ran_ms <= MAX_ONSET_MS:
-            try:
-                onset = head.stamp - timedelta(milliseconds=ran_ms)
-            except OverflowError:           # a stamp near year 1
-                onset = head.stamp
+        stamp = onset = head.stamp
+        if pat.onset_field and stamp is not None:
+            ran_ms = fields.get(pat.onset_field)
+            if isinstance(ran_ms, (int, float)) and 0 <= ran_ms <= MAX_ONSET_MS:
+                try:
+                    onset = stamp - timedelta(milliseconds=ran_ms)
+                except OverflowError:           # a stamp near year 1
+                    onset = stamp
         rank_key = "*" if pat.aggregate_ranks else repr(rank)
         signature = f"{plan.head}\x1f{source}\x1f{host or ''}\x1f{pci or ''}\x1f{rank_key}{plan.group(fields)}"
-        if into is not None and into.fold(signature, head.stamp, onset, rank, path, line_no):
+        if into is not None and into.fold(signature, stamp, onset, rank, path, line_no):
             return FOLDED
         if lazy or plan.plain:
             fields = _line_fields(plan.fields(message, data, spans) if lazy else fields, head, damaged)
@@ -513,7 +576,7 @@ class Extractor:
                 fields["host_basis"] = "rank_placement"
         return Ev(kind=pat.kind, pattern=pat.id, source=source, path=path, line=line_no,
                   text=text if len(text) <= SHOWN else _shown(text), host=host, pci=pci, rank=rank,
-                  stamp=head.stamp, last_stamp=head.stamp, onset=onset, quality=head.quality, fields=fields,
+                  stamp=stamp, last_stamp=stamp, onset=onset, quality=head.quality, fields=fields,
                   count=1, ranks={rank} if rank is not None else set(), signature=signature)
 
 
@@ -552,37 +615,42 @@ def _line_fields(fields: dict[str, Any], head: Head, damaged: bool) -> dict[str,
 class _Plan:
     """What a pattern's events need, worked out once per pattern instead of once per line."""
 
-    __slots__ = ("pat", "head", "console_source", "plain", "lazy", "_group_by", "_values", "_groups", "_looked")
+    __slots__ = ("pat", "head", "console_source", "plain", "lazy", "groups", "looked", "_constants",
+                 "_group_by", "_one", "_values")
 
     def __init__(self, pat: Pattern) -> None:
         self.pat = pat
         self.head = f"{pat.kind}\x1f{pat.id}"
         self.console_source = "app" if "app" in pat.sources else sorted(pat.sources)[0]
+        self._constants = dict(pat.constants)
         self._group_by = pat.group_by
+        # group_by's one name (most patterns group by one field or none), else None
+        self._one = pat.group_by[0] if len(pat.group_by) == 1 else None
         # (name, index, type or None for text) of each named group, in the regex's order
-        self._groups = tuple((name, i, None if pat.types.get(name, str) is str else pat.types[name])
-                             for name, i in pat.regex.names)
+        self.groups = tuple((name, i, None if pat.types.get(name, str) is str else pat.types[name])
+                            for name, i in pat.regex.names)
         self._values = itemgetter(*pat.group_by) if len(pat.group_by) > 1 else None
         # No lookup of _event names a field the line adds: the pattern's fields answer them all.
         named = {pat.rank_field, pat.host_field, pat.pod_field, pat.gpu_field, pat.onset_field, *pat.group_by}
         self.plain = not named & LINE_ADDS
         # The groups those lookups name (lookup): fewer than all, and a folded repeat reads only them.
-        self._looked = tuple(g for g in self._groups if g[0] in named)
-        self.lazy = len(self._looked) < len(self._groups)
+        self.looked = tuple(g for g in self.groups if g[0] in named)
+        self.lazy = len(self.looked) < len(self.groups)
 
     def fields(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> dict[str, Any]:
         """The pattern's constants and typed groups (read off ``spans``, the regex's on ``data``, the
         UTF-8 of ``text``), in the order events carry them."""
-        return self._read(text, data, spans, self._groups)
+        return self.read(text, data, spans, self.groups)
 
     def lookup(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> dict[str, Any]:
         """``fields`` as far as _event's lookups read them (each named group; constants all): the
         same value for each of those names."""
-        return self._read(text, data, spans, self._looked)
+        return self.read(text, data, spans, self.looked)
 
-    def _read(self, text: str, data: bytes, spans: list[tuple[int, int]],
-              groups: tuple[tuple[str, int, Any], ...]) -> dict[str, Any]:
-        fields: dict[str, Any] = dict(self.pat.constants)
+    def read(self, text: str, data: bytes, spans: list[tuple[int, int]],
+             groups: tuple[tuple[str, int, Any], ...]) -> dict[str, Any]:
+        """The constants and ``groups`` (``groups`` or ``looked``): ``fields`` or ``lookup``."""
+        fields: dict[str, Any] = self._constants.copy()
         ascii_ = len(data) == len(text)         # byte offsets are character offsets
         for name, i, typ in groups:
             start, end = spans[i]
@@ -605,11 +673,15 @@ class _Plan:
 
     def group(self, fields: dict[str, Any]) -> str:
         """The signature's group_by part ("" without group_by): "\x1f" + each value's repr."""
+        one = self._one
+        if one is not None:
+            # group_by names a group or a constant: always there (.get: as the general case reads it)
+            return "\x1f" + repr(fields.get(one))
         group_by = self._group_by
         if not group_by:
             return ""
         try:                                    # group_by names a group or a constant: always there
-            values = self._values(fields) if self._values is not None else (fields[group_by[0]],)
+            values = self._values(fields)
         except KeyError:
             values = tuple(fields.get(g) for g in group_by)
         return "\x1f" + "\x1f".join(map(repr, values))
@@ -636,7 +708,7 @@ class _Spans:
         return self.regex.match_of(self.text, self.data, self.spans).groupdict().get(name)
 
 
-_Found = tuple[Pattern, list[tuple[int, int]], bytes]      # the pattern, its groups' spans, the message's UTF-8
+_Found = tuple["_Plan", list[tuple[int, int]], bytes]     # the pattern's plan, its groups' spans, the message's UTF-8
 _UNSEEN = object()
 LINE_ADDS = frozenset({"damaged_line", "uptime_s", "pid_prefix", "cuda_dev", "host_basis"})    # see _line_fields
 _ZEROS = bytes.maketrans(b"0123456789", b"0000000000")
@@ -730,43 +802,49 @@ class _Above:
     scan the same lines upward; the memo stops the scan where the previous one ended.
     """
 
-    __slots__ = ("block", "start", "tail", "line_no", "memo", "events")
+    # memo: the line last inherited for, the stamp it found (None: none) and the line that stamp came from
+    __slots__ = ("block", "start", "tail", "line_no", "events", "_for", "_stamp", "_from")
 
-    def __init__(self, block: bytes, start: int, tail, line_no: int, memo: dict,
-                 events: EventSet | None = None) -> None:
-        self.block, self.start, self.tail, self.line_no, self.memo = block, start, tail, line_no, memo
+    def __init__(self, block: bytes, start: int, tail, line_no: int, events: EventSet | None = None) -> None:
+        self.block, self.start, self.tail, self.line_no = block, start, tail, line_no
         self.events = events            # where the block's events go: repeats are folded in (Extractor._event)
+        self._for: int | None = None
+        self._stamp = self._from = None
 
     def inherit(self, head: Head, ctx: StampContext) -> int | None:
         """Take the stamp of the nearest stamped line above; how many lines up it is (None: none)."""
-        # memo: (line inherited for, stamp found, line the stamp came from)
-        prev = self.memo.get("last")
         n = self.line_no
-        source = None
-        if prev is not None and prev[0] == n - 1:
+        prev = self._for
+        if prev is not None and prev == n - 1:
             # The line just above inherited too (a traceback, a run of NCCL warnings): the scan below
             # would stop at once on it and take its find, so take it without the scan.
-            if prev[1] is not None and n - prev[2] <= LOOKBACK:
-                head.stamp, head.quality, source = prev[1], "inherited", prev[2]
-            self.memo["last"] = (n, head.stamp, source)
-            return None if source is None else n - source
+            return self._take_memo(head, n)
         for raw in _lines_above(self.block, self.start, self.tail):
             n -= 1
-            if prev is not None and n <= prev[0]:
+            if prev is not None and n <= prev:
                 # Everything from here up was scanned for the previous line; its find counts
                 # only if it is within this line's own look-back window.
-                if prev[1] is not None and self.line_no - prev[2] <= LOOKBACK:
-                    head.stamp, head.quality, source = prev[1], "inherited", prev[2]
-                break
+                return self._take_memo(head, self.line_no)
             text = raw.decode("utf-8", errors="replace").rstrip("\r")       # only lines not scanned before
             if not _HAS_TIME.search(text, 0, 96):
                 continue
             other = read_head(text, ctx)
             if other.stamp is not None:
-                head.stamp, head.quality, source = other.stamp, "inherited", n
-                break
-        self.memo["last"] = (self.line_no, head.stamp, source)
-        return None if source is None else self.line_no - source
+                head.stamp, head.quality = other.stamp, "inherited"
+                self._for, self._stamp, self._from = self.line_no, other.stamp, n
+                return self.line_no - n
+        self._for, self._stamp, self._from = self.line_no, None, None
+        return None
+
+    def _take_memo(self, head: Head, n: int) -> int | None:
+        """The previous line's find for line ``n`` (kept as its find too), if within its look-back."""
+        stamp, source = self._stamp, self._from
+        if stamp is not None and n - source <= LOOKBACK:
+            head.stamp, head.quality = stamp, "inherited"
+            self._for = n
+            return n - source
+        self._for, self._stamp, self._from = n, None, None
+        return None
 
 
 def _lines_above(block: bytes, start: int, tail: list[bytes] | None) -> Iterator[bytes]:

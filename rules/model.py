@@ -164,18 +164,29 @@ class EventSet:
         """One more occurrence of a known event that does not sort before its sample: counted into it
         as ``add`` would (``Ev.merge``), without building an event. False: the caller adds one."""
         have = self._by_sig.get(signature)
-        if have is None or _before(stamp, path, line, have):
+        if have is None:
+            return False
+        first = have.stamp
+        if stamp is not None and first is not None and stamp.tzinfo is first.tzinfo:
+            # _before's common case, inline: both stamped, one zone (an aware comparison is the wall clock's)
+            if stamp < first or (stamp == first and (path, line) < (have.path, have.line)):
+                return False
+        elif _before(stamp, path, line, have):
             return False
         have.count += 1
         if rank is not None:
             have.ranks.add(rank)
-        if stamp is not None and (have.stamp is None or stamp < have.stamp):
-            have.stamp = stamp
-        last = have.last_stamp            # max(): the first of equal values wins
-        for s in (stamp, have.stamp, stamp):
-            if s is not None and (last is None or s > last):
-                last = s
-        have.last_stamp = last
+        # merge()'s stamps with other.last_stamp = other.stamp = stamp (the first of equal values wins)
+        if stamp is not None:
+            if first is None or stamp < first:
+                have.stamp = stamp
+            last = have.last_stamp
+            if last is None or stamp > last:
+                have.last_stamp = stamp
+        elif first is not None:
+            last = have.last_stamp
+            if last is None or first > last:
+                have.last_stamp = first
         if onset is not None and (have.onset is None or onset < have.onset):
             have.onset = onset
         return True

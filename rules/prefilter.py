@@ -80,10 +80,15 @@ class Prefilter:
         hits: dict[int, set[int]] = {}
         if self.engine == "hyperscan":
             found: list[tuple[int, int]] = []
+            add = found.append
 
-            def on_match(anchor_id: int, _start: int, end: int, _flags: int, _ctx: object) -> bool:
-                found.append((end, anchor_id))
-                return max_hits is not None and len(found) > max_hits      # True halts the scan
+            if max_hits is None:
+                def on_match(anchor_id: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
+                    add((end, anchor_id))                  # None: go on
+            else:
+                def on_match(anchor_id: int, _start: int, end: int, _flags: int, _ctx: object) -> bool:
+                    add((end, anchor_id))
+                    return len(found) > max_hits           # True halts the scan
 
             scratch = getattr(self._local, "scratch", None)
             if scratch is None:
@@ -94,14 +99,22 @@ class Prefilter:
                 raise TooManyHits(len(found)) from None
             # Line starts in one forward pass: each byte is searched for a newline at most once
             # (a look-back per hit was quadratic on a long line of hits).
+            # Sorted by end, the hits' line starts never decrease: each line's set is made at its first hit.
             found.sort()
+            rfind = chunk.rfind
             start = lo = 0
+            ids = None
             for end, anchor_id in found:
-                nl = chunk.rfind(b"\n", lo, end)
-                if nl >= 0:
-                    start = nl + 1
-                lo = max(lo, end)
-                hits.setdefault(start, set()).add(anchor_id)
+                if end != lo:                   # (a hit ending where the last did is on its line)
+                    nl = rfind(b"\n", lo, end)
+                    lo = end
+                    if nl >= 0:
+                        start = nl + 1
+                        ids = None
+                if ids is None:
+                    ids = hits[start] = {anchor_id}
+                else:
+                    ids.add(anchor_id)
             return hits
         seen = 0
         for regex, table, fold in ((self._re, self._lookup, False), (self._re_ci, self._lookup_ci, True)):

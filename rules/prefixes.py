@@ -355,16 +355,17 @@ def read_head(line: str, ctx: StampContext) -> Head:
 
 
 def read_head_keyed(line: str, ctx: StampContext) -> tuple[Head, bytes | None, bytes | None]:
-    """``read_head``, and the UTF-8 of the line it read (without its colours) and that with its digits
-    as "0": the message is their tail, so the extractor's match memo (rules/extract.py) keys it without
-    encoding it again. Both None for a line too long to key."""
+    """``read_head``, and the UTF-8 of the message it leaves and that with its digits as "0": the
+    extractor's match memo (rules/extract.py) keys the message without encoding it again. Both None
+    for a line that is not ASCII (byte offsets would not be character offsets) or too long to key."""
     if _head_hit is not None:
-        # rules/_linekey.c: a plain ASCII line's keys and remembered head in one call (most lines)
+        # rules/_linekey.c: a plain ASCII line's remembered head and its message's keys in one call
+        # (most lines), else the line's keys
         hit = _head_hit(line, ctx, _CHAINS, Head, _CHAIN_LINE)
         if hit is not None:
-            head, data, zeroed, key, known = hit
-            if head is not None:
-                return head, data, zeroed
+            if len(hit) == 3:
+                return hit
+            _, data, zeroed, key, known = hit
             return _keyed(line, ctx, data, zeroed, key, known)
     if "\x1b" in line or "[0m" in line or "\ufffd[" in line or line[:1] == "\ufeff":      # plain()'s tests, inline: most lines pass all
         line = plain(line)
@@ -376,14 +377,22 @@ def read_head_keyed(line: str, ctx: StampContext) -> tuple[Head, bytes | None, b
             chain, heads = known
             seen = heads.get(line[:chain[-1]])
             if seen is not None and seen[0] is ctx:
-                return Head(line[chain[-1]:], *seen[1:]), data, zeroed
+                return _message_keys(Head(line[chain[-1]:], *seen[1:]), data, zeroed)
         return _keyed(line, ctx, data, zeroed, key, known)
     head, _ = _read(line, ctx)
     return head, None, None
 
 
+def _message_keys(head: Head, data: bytes, zeroed: bytes) -> tuple[Head, bytes | None, bytes | None]:
+    """``head`` with its message's UTF-8 and key: the tails of the line's (``data``, ``zeroed``)."""
+    if not data.isascii():
+        return head, None, None
+    cut = len(data) - len(head.message)
+    return head, data[cut:], zeroed[cut:]
+
+
 def _keyed(line: str, ctx: StampContext, data: bytes, zeroed: bytes, key: bytes,
-           known: tuple | None) -> tuple[Head, bytes, bytes]:
+           known: tuple | None) -> tuple[Head, bytes | None, bytes | None]:
     """read_head_keyed past its memo of heads: the chain replayed (its head remembered), else the line
     read shape by shape (its chain remembered under ``key``)."""
     if known is not None:
@@ -394,13 +403,13 @@ def _keyed(line: str, ctx: StampContext, data: bytes, zeroed: bytes, key: bytes,
                 heads.clear()
             heads[line[:chain[-1]]] = (ctx, head.stamp, head.quality, head.host, head.rank, head.local_rank,
                                        head.pid, head.dev, head.uptime)
-            return head, data, zeroed
+            return _message_keys(head, data, zeroed)
     head, chain = _read(line, ctx)
     if chain is not None:
         if len(_CHAINS) >= _CHAINS_MAX:
             _CHAINS.clear()
         _CHAINS[key] = (chain, {})
-    return head, data, zeroed
+    return _message_keys(head, data, zeroed)
 
 
 def _read(line: str, ctx: StampContext) -> tuple[Head, tuple | None]:

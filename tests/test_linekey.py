@@ -1,0 +1,96 @@
+"""rules/_linekey.c against the pure-Python code it stands in for: the same answers, and every
+reference it hands out its own (a reference lost or kept crashes the interpreter later, or leaks)."""
+import gc
+import random
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from firstfault.rules import extract, prefixes
+from firstfault.rules.prefixes import Head, StampContext, read_head, read_head_keyed
+
+CTX = StampContext(zone=timezone.utc, anchor=datetime(2026, 11, 2, 10, tzinfo=timezone.utc))
+NCCL = "2488: gpu-312:122947:123263 [0] proxy.cc:1143 NCCL WARN Socket recv failed for opId=0x7f018ec0a720"
+
+
+def _compiled():
+    if extract._newlines_c is None or prefixes._head_hit is None:
+        pytest.fail("firstfault.rules._linekey is not built: pip install -e . compiles it")
+
+
+def test_newlines_is_bytes_count():
+    _compiled()
+    rng = random.Random(11)
+    blocks = [b"", b"\n", b"a", b"\n\n\n", b"x" * 5000, b"\n" * 5000, (b"line\n" * 1000) + b"tail"]
+    blocks += [bytes(rng.choice(b"\nab\r\x00\xff") for _ in range(rng.randint(0, 9000))) for _ in range(200)]
+    for data in blocks:
+        n = len(data)
+        bounds = [(0, n), (0, 0), (n, n), (-3, n), (2, -1), (5, 3), (-10 ** 9, 10 ** 9), (n + 5, n + 9)]
+        bounds += [tuple(sorted((rng.randint(0, n), rng.randint(0, n)))) for _ in range(5)]
+        for start, end in bounds:
+            assert extract._newlines_c(data, start, end) == data.count(b"\n", start, end), (start, end)
+            assert extract._newlines(data, start, end) == data.count(b"\n", start, end)
+
+
+def test_newlines_refuses_what_is_not_bytes():
+    _compiled()
+    for args in [("a\n", 0, 1), (bytearray(b"\n"), 0, 1), (b"\n", 0), (b"\n", "0", 1)]:
+        with pytest.raises(TypeError):
+            extract._newlines_c(*args)
+
+
+def test_newlines_keeps_its_references():
+    _compiled()
+    data = b"a\nb\n" * 100
+    start, end = 10 ** 6, 10 ** 6 + 1           # not small ints: their counts move
+    gc.collect()
+    before = sys.getrefcount(data), sys.getrefcount(start), sys.getrefcount(end)
+    for _ in range(20_000):
+        extract._newlines_c(data, 0, len(data))
+        extract._newlines_c(data, start, end)
+    gc.collect()
+    assert (sys.getrefcount(data), sys.getrefcount(start), sys.getrefcount(end)) == before
+
+
+def test_a_remembered_head_gives_its_message_keys():
+    """head_hit's remembered head and its message's UTF-8 and key: what the Python path gives."""
+    _compiled()
+    read_head(NCCL, CTX)
+    read_head(NCCL, CTX)                        # its chain and its head remembered
+    hit = prefixes._head_hit(NCCL, CTX, prefixes._CHAINS, Head, 1024)
+    assert len(hit) == 3
+    head, data, zeroed = hit
+    assert head.message == "proxy.cc:1143 NCCL WARN Socket recv failed for opId=0x7f018ec0a720"
+    assert data == head.message.encode() and zeroed == prefixes._line_keys(data)[0]
+    line = NCCL.encode()
+    assert prefixes._line_keys(line)[0].endswith(zeroed)
+    # the Python path (no C): the same head, message bytes and key
+    saved = prefixes._head_hit
+    try:
+        prefixes._head_hit = None
+        assert read_head_keyed(NCCL, CTX) == hit
+    finally:
+        prefixes._head_hit = saved
+    assert read_head_keyed(NCCL, CTX) == hit
+    assert read_head_keyed("caf\u00e9 NCCL WARN x", CTX)[1:] == (None, None)     # not ASCII: no keys
+
+
+def test_head_hit_keeps_its_references():
+    _compiled()
+    read_head(NCCL, CTX)
+    read_head(NCCL, CTX)
+    chains = dict(prefixes._CHAINS)
+    other = "2488: gpu-999:122947:123263 [0] proxy.cc:1143 NCCL WARN Socket recv failed for opId=0x7f018ec0a720"
+    lines = [NCCL, other, "a line no chain was learnt for 0x7f00ec0a720", "no digits at all"]
+    for line in lines:
+        prefixes._head_hit(line, CTX, chains, Head, 1024)
+    watched = [CTX, None, chains, *lines, *chains.values()]
+    gc.collect()
+    before = [sys.getrefcount(x) for x in watched]
+    for _ in range(5_000):
+        for line in lines:
+            prefixes._head_hit(line, CTX, chains, Head, 1024)
+    gc.collect()
+    after = [sys.getrefcount(x) for x in watched]
+    assert all(abs(a - b) <= 2 for a, b in zip(after, before)), (before, after)
