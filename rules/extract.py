@@ -633,7 +633,7 @@ class _Plan:
         # No lookup of _event names a field the line adds: the pattern's fields answer them all.
         named = {pat.rank_field, pat.host_field, pat.pod_field, pat.gpu_field, pat.onset_field, *pat.group_by}
         self.plain = not named & LINE_ADDS
-        # The groups those lookups name (lookup): fewer than all, and a folded repeat reads only them.
+        # The groups those lookups name (looked): fewer than all, and a folded repeat reads only them.
         self.looked = tuple(g for g in self.groups if g[0] in named)
         self.lazy = len(self.looked) < len(self.groups)
 
@@ -642,14 +642,10 @@ class _Plan:
         UTF-8 of ``text``), in the order events carry them."""
         return self.read(text, data, spans, self.groups)
 
-    def lookup(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> dict[str, Any]:
-        """``fields`` as far as _event's lookups read them (each named group; constants all): the
-        same value for each of those names."""
-        return self.read(text, data, spans, self.looked)
-
     def read(self, text: str, data: bytes, spans: list[tuple[int, int]],
              groups: tuple[tuple[str, int, Any], ...]) -> dict[str, Any]:
-        """The constants and ``groups`` (``groups`` or ``looked``): ``fields`` or ``lookup``."""
+        """The constants and ``groups``: all of them (``fields``), or ``looked``, as far as _event's lookups
+        read them (a folded repeat never needs the rest)."""
         fields: dict[str, Any] = self._constants.copy()
         ascii_ = len(data) == len(text)         # byte offsets are character offsets
         for name, i, typ in groups:
