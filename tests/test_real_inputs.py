@@ -181,6 +181,12 @@ RECOVERY_GAPS = {
     "ho69-ddp-syncbn-gpu-lost-ailcm": "the excerpt lost the Xid: nvidia-smi's 'GPU is lost. Reboot the system' "
         "and the kernel's NVRM lines say the GPU is gone, not what took it; without the driver's own report "
         "the node is excluded from the rerun, not drained",
+    "ho101-paddle-nccl-init-driver-insufficient-idgsim-gpu-001": "NCCL's 'Cuda failure 'CUDA driver version is "
+        "insufficient for CUDA runtime version'' on idgsim-gpu-001: the runtime's view of the driver, excluded from "
+        "the rerun, not drained, as in ho79-nccl-cudawrap-insufficient-driver",
+    "ho101-madgraph-ci-nvml-mismatch-itscrd-v100": "the host is only in uname's output ('Linux itscrd-v100.cern.ch "
+        "x86_64') above nvidia-smi's, which names none: like a prompt (ho16) or a loop's header (ho64), no such line "
+        "is read as scoping the lines below it, so no node is drained",
     "ho79-nccl-cudawrap-insufficient-driver": "NCCL's 'CUDA driver version is insufficient for CUDA runtime "
         "version' is the CUDA runtime's view of the driver (the job's CUDA may simply be newer than the node's "
         "driver): the node is excluded from the rerun, not drained",
@@ -188,8 +194,12 @@ RECOVERY_GAPS = {
 # Blind labels that leave out a host the lines name in a shell prompt ("user@host:~$ nvidia-smi" above the
 # output): earlier rounds' labels name it (ho10-gpu-fm-not-ready-802-h100x8-nccltests-264, ho16-hw-nvml-driver-
 # lib-mismatch-azhop-h9svu000000), and rules/intake.py reads a "user@host:path$ " prompt as the host the
-# output below it came from. The engine acts on that host; the label allows no node action.
+# output below it came from. The engine acts on that host; the label allows no node action. Likewise where
+# every host-naming line of a bare file names one host (NCCL's "host:pid:tid" prefixes), which intake reads
+# as the file's host.
 PROMPT_HOST_DISPUTES = {
+    "ho101-nccl-802-system-not-initialized-plugin-decoy": "'Cuda failure 802 'system not yet initialized'' in a "
+        "file whose every NCCL prefix is VM-0-14-tencentos: the node drained is VM-0-14-tencentos",
     "ho79-gpuburn-a100sxm-802-no-devices": "gpu_burn's 802 under '(base) xxxx@ubuntu:~/gpu-burn-master/...# "
         "./gpu_burn 120': the node drained is ubuntu",
     "ho79-nvml-mismatch-workstation-bock": "'kgk2@bock:~$ nvidia-smi' then 'Failed to initialize NVML: "
