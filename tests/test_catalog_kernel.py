@@ -260,9 +260,17 @@ def test_rule_fires(rule, line):
     assert event is not None, f"no kernel pattern extracts {line!r}"
     assert when_holds(rule["when"], event), f"{rule['id']} does not fire on {event}"
     assert winning_rule(event) == rule["id"], f"{winning_rule(event)} wins over {rule['id']} on {event}"
-    names = {f for _, f, _, _ in string.Formatter().parse(rule["output"]) if f}
+    # A name inside an optional [[...]] segment may be absent (the renderer drops the segment); one
+    # outside must be on the event; every name must be one the pattern can give.
+    required = re.sub(r"\[\[.*?\]\]", "", rule["output"])
+    names = {f for _, f, _, _ in string.Formatter().parse(required) if f}
     unknown = names - {"host", "gpu", "rank"} - set(event["fields"])
     assert not unknown, f"output names {unknown}, which the event lacks"
+    pat = next(p for p in PATTERNS if p["id"] == event["pattern"])
+    possible = set(re.compile(pat["regex"]).groupindex) | set(pat.get("set") or {})
+    optional = {f for seg in re.findall(r"\[\[(.*?)\]\]", rule["output"])
+                for _, f, _, _ in string.Formatter().parse(seg) if f}
+    assert not optional - {"host", "gpu", "rank"} - possible, f"output names {optional - possible}, which no match gives"
 
 
 @pytest.mark.parametrize(
