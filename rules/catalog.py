@@ -7,6 +7,7 @@ content hash over every catalog file and the registered Python rule sources.
 from __future__ import annotations
 
 import hashlib
+import pickle
 import re
 import stat
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,39 @@ TYPES = {"int": int, "float": float, "str": str}
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
+_APART_BLOB = "_apart"
+
+
+class _ReadApart:
+    """A rule whose fields that ``analyze`` never reads (``_APART``: its examples, title, description,
+    references) pickle apart, as one bytes object unpickled at their first read. A restored catalog
+    (rules/catalog_cache.py) is read by every ``analyze``, and the examples alone are thousands of
+    objects, most of what it holds: they cost the run nothing now. ``rules test``, ``rules list``,
+    lint and the tests read them as before. Fields with a default are never apart (the class
+    attribute would answer for a missing one)."""
+
+    _APART: tuple[str, ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        fields = type(self)._APART
+        if all(name in state for name in fields):
+            apart = {name: state.pop(name) for name in fields}
+            state[_APART_BLOB] = pickle.dumps(apart, protocol=pickle.HIGHEST_PROTOCOL)
+        # else: restored and never read: the blob it came with goes on as it is
+        return state
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for attributes missing from the instance: a restored rule's fields apart, until read.
+        if name in type(self)._APART:
+            blob = self.__dict__.get(_APART_BLOB)
+            if blob is not None:
+                apart = pickle.loads(blob)
+                self.__dict__.update(apart)         # frozen: into __dict__, as dataclass's own __init__ does
+                return apart[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
 @dataclass(frozen=True)
 class Example:
     line: str
@@ -57,7 +91,7 @@ class InBlock:
 
 
 @dataclass(frozen=True)
-class Pattern:
+class Pattern(_ReadApart):
     id: str
     file: str
     title: str
@@ -89,6 +123,8 @@ class Pattern:
     dates_above: int | None = None          # the stated time is also that of the untimed lines up to N above (its record)
     in_block: InBlock | None = None         # read with another kind under a block header above (InBlock)
 
+    _APART = ("title", "description", "references", "match_examples", "nomatch_examples")  # not a field
+
     def search(self, message: str, data: bytes | None = None) -> LineMatch | None:
         """``data``: the message's UTF-8 bytes, when the caller tries several patterns on it."""
         m = self.regex.search(message, data)
@@ -117,7 +153,7 @@ class Condition:
 
 
 @dataclass(frozen=True)
-class EarlyRule:
+class EarlyRule(_ReadApart):
     id: str
     file: str
     title: str
@@ -132,9 +168,11 @@ class EarlyRule:
     fires: tuple[Example, ...]
     quiet: tuple[Example, ...]
 
+    _APART = ("title", "description", "fires", "quiet")
+
 
 @dataclass(frozen=True)
-class ExplainsRule:
+class ExplainsRule(_ReadApart):
     """A FINAL demotion rule in the Alertmanager-inhibition shape: source explains target."""
 
     id: str
@@ -156,6 +194,13 @@ class ExplainsRule:
     # cleared (a port back up): the target is weak evidence then (rules/clears.py).
     relation: str = "explains"
     references: tuple[str, ...] = ()
+
+    _APART = ("title", "description", "scenarios")
+
+
+for _cls in (Pattern, EarlyRule, ExplainsRule):     # a field apart must have no default (_ReadApart)
+    assert not any(hasattr(_cls, name) for name in _cls._APART), _cls
+del _cls
 
 
 @dataclass(frozen=True, eq=False)      # identity hash: one compiled prefilter per loaded catalog
