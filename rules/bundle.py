@@ -15,8 +15,6 @@ import os
 import re
 import shutil
 import stat
-import tarfile
-import tempfile
 import time
 import weakref
 import zipfile
@@ -84,6 +82,8 @@ def parse_size(text: str) -> int:
 
 @dataclass(frozen=True)
 class BundleFile:
+    """One evidence file of a bundle: its path, size and a reader of its bytes in chunks."""
+
     path: str                                   # bundle-relative, posix
     size: int
     open_chunks: Callable[[], Iterator[bytes]]
@@ -97,6 +97,8 @@ class BundleFile:
 
 @dataclass
 class Bundle:
+    """One workload attempt's evidence: the scheduler record and the files."""
+
     workload: WorkloadRecord
     files: list[BundleFile]                     # sorted by path
 
@@ -473,6 +475,8 @@ class _Spool:
 
     def _file(self, n: int) -> Path:
         if self.dir is None:
+            import tempfile
+
             self.dir = tempfile.mkdtemp(prefix="firstfault-bundle-")
         return Path(self.dir) / f"{n}.part"
 
@@ -561,6 +565,8 @@ def _once(name: str, seen: set[str], origin: str, wanted: Callable[[str], bool])
 def _expand(data: bytes | str | Path, kind: str, origin: str, max_members: int, spool: _Spool,
             wanted: Callable[[str], bool] = _wanted) -> list[str]:
     """Check every member and spool the ``wanted`` ones; returns the names of the regular files."""
+    import tarfile          # only for an archive: not at start-up
+
     names: list[str] = []
     seen: set[str] = set()
     try:

@@ -72,6 +72,8 @@ class _ReadApart:
 
 @dataclass(frozen=True)
 class Example:
+    """A rule's example: a line (with its source) and the fields it must give."""
+
     line: str
     source: str | None = None
     fields: Mapping[str, Any] = field(default_factory=dict)
@@ -92,6 +94,8 @@ class InBlock:
 
 @dataclass(frozen=True)
 class Pattern(_ReadApart):
+    """An extraction pattern: which lines it reads (anchors, regex) and the event it makes of them."""
+
     id: str
     file: str
     title: str
@@ -154,6 +158,8 @@ class Condition:
 
 @dataclass(frozen=True)
 class EarlyRule(_ReadApart):
+    """An EARLY rule: what its events must hold (``when``) and what it does to them (tag, drop, decode)."""
+
     id: str
     file: str
     title: str
@@ -205,6 +211,8 @@ del _cls
 
 @dataclass(frozen=True, eq=False)      # identity hash: one compiled prefilter per loaded catalog
 class Catalog:
+    """The built rule catalog: patterns, EARLY and FINAL rules, settings, taxonomy and lists."""
+
     root: str
     patterns: tuple[Pattern, ...]
     early: tuple[EarlyRule, ...]

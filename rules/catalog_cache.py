@@ -19,7 +19,6 @@ import os
 import pickle
 import stat
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +78,8 @@ def _write(directory: Path, path: Path, catalog: Catalog, index: AnchorIndex) ->
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not _trusted_dir(directory):
             return
+        import tempfile     # only to write: not at start-up
+
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".catalog-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from firstfault.schemas import Diagnosis, RawLine, WorkloadRecord
+from firstfault.schemas import Diagnosis, WorkloadRecord
 from firstfault.schemas.workload import INTAKE_EXTRA
 
 from .bundle import Bundle, bundle_from_files, parse_workload
@@ -29,11 +29,16 @@ from .telemetry import (
     MetricsRead, crossing_events, crossings, line_texts, read_metrics_file, unparsed_events, wanted_lines,
 )
 
+if TYPE_CHECKING:
+    from firstfault.schemas import RawLine      # the stream's records: not imported by analyze
+
 Progress = Callable[[int, int], None]        # (bytes done, bytes total)
 
 
 @dataclass
 class Analysis:
+    """What an analysis gives: the diagnosis, the extraction's counts and the events."""
+
     diagnosis: Diagnosis
     stats: ExtractStats
     events: list[Ev] = field(default_factory=list)

@@ -37,6 +37,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
 
 @dataclass
 class Edge:
+    """A FINAL rule's edge: its source event explains its target."""
+
     rule_id: str
     join: str
     source: Ev
@@ -45,6 +47,8 @@ class Edge:
 
 @dataclass
 class Step:
+    """One step of the evidence chain: a rule, what it did and the events it touched."""
+
     rule_id: str
     action: str
     events: list[Ev] = field(default_factory=list)
@@ -53,6 +57,8 @@ class Step:
 
 @dataclass
 class FinalContext:
+    """What the FINAL rules read and write: the workload, the catalog and the events."""
+
     workload: WorkloadRecord
     catalog: Catalog
     events: list[Ev]

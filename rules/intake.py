@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -87,18 +86,21 @@ _YEARLESS = re.compile(r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [
 # Dates with a year that are not a line's stamp prefix: slurmstepd's "CANCELLED AT 2026-12-03T00:00:07",
 # `date`'s "Wed Dec  2 22:00:04 UTC 2026", a checkpoint's "saved at 2026-12-02 22:00:04". They give the year of
 # the file's year-less stamps (never the window: a date a message mentions is not when it was written).
-_DATED = re.compile(
+_DATED_SOURCE = (
     r"(?<![\d.:-])(?P<iso>(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])[T ](?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d)(?![\d:])"
     r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (?P<day>[ \d]?\d) "
     r"(?P<hms>\d\d:\d\d:\d\d)(?: [A-Z]{2,5})? (?P<year>(?:19|20)\d\d)\b"
     # kubectl describe's times (Go's RFC1123Z): "Start Time:  Fri, 15 Sep 2023 09:40:02 +0200"
     r"|\b(?P<rfc>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
     r"(?:19|20)\d\d \d\d:\d\d:\d\d [+-]\d{4})(?!\d)")
+_DATED: re.Pattern[str] | None = None     # compiled at its first use (a file with unstamped lines): not at start-up
 _DATED_HINT = re.compile(r"(?:19|20)\d\d")      # cheap test before _DATED
 
 
 @dataclass
 class Intake:
+    """An input read: its bundle, what was inferred of the workload and the files skipped."""
+
     bundle: Bundle
     inferred: list[dict] = field(default_factory=list)     # missing_evidence entries of kind "workload"
     warnings: list[str] = field(default_factory=list)     # files skipped, and why
@@ -230,6 +232,8 @@ def _from_archive(p: Path, max_bytes: int | None) -> Intake:
     # Read from the path, never whole into memory; one cap for any member and for all together.
     cap = archive_cap_from_env() if max_bytes is None else max_bytes
     kind = archive_kind(p) or "tar"
+    import tempfile         # only for an archive: not at start-up
+
     tmp = Path(tempfile.mkdtemp(prefix="firstfault-archive-"))
     try:
         extract_archive(p, kind, str(p), tmp, max_member=cap, max_total=cap)
@@ -386,6 +390,8 @@ class _FileTimes:
 
 @dataclass
 class _Facts:
+    """What the lines of a bare input say of its workload: hosts, ranks, pods and their origins."""
+
     hosts: Counter = field(default_factory=Counter)
     host_origin: dict[str, str] = field(default_factory=dict)
     ranks: dict[int, str] = field(default_factory=dict)
@@ -549,6 +555,9 @@ def _read_lines(facts: _Facts, lines: list[tuple[str, str]], ft: _FileTimes, zon
 
 def _dated(text: str, zone: tzinfo = timezone.utc) -> datetime | None:
     """The first full date (with its year) a line states anywhere, in UTC (read in ``zone``)."""
+    global _DATED
+    if _DATED is None:
+        _DATED = re.compile(_DATED_SOURCE)
     m = _DATED.search(text)
     if m is None:
         return None

@@ -4,7 +4,6 @@ naming the key and the closest known one.
 """
 from __future__ import annotations
 
-import difflib
 from collections.abc import Collection, Iterable
 
 DOC = ("title", "description", "status", "priority")
@@ -37,6 +36,8 @@ def unknown(keys: Iterable[object], known: Collection[str]) -> list[str]:
     for key in keys:
         if key in known:
             continue
+        import difflib      # only for a misspelt key: not at start-up
+
         close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.75)
         hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(sorted(known))}"
         out.append(f"unknown key {key!r} ({hint})")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,8 @@ def load(text: bytes, parse: Callable[[str], Any], where: Path | None = None) ->
     try:
         data = _MAGIC + marshal.dumps(doc)
         where.mkdir(parents=True, exist_ok=True)
+        import tempfile     # only to write: not at start-up
+
         fd, tmp = tempfile.mkstemp(dir=where, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)

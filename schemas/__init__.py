@@ -4,7 +4,6 @@ Models here are the single source of truth; the Avro schemas in ``avro/`` are ke
 in step with them by a test (``tests/test_schemas.py``).
 """
 from .workload import WorkloadRecord, normalize_terminal_state
-from .records import DeadLetter, RawLine, SchedulerEvent, SourceKind
 from .events import Event, EventBatch, GpuRef, Ref
 from .diagnosis import (
     Candidate,
@@ -22,3 +21,16 @@ __all__ = [
     "MissingEvidence", "RawLine", "Recovery", "Ref", "RootCause", "SchedulerEvent",
     "SourceKind", "Symptom", "WorkloadRecord", "normalize_terminal_state",
 ]
+
+
+# The records the shippers and the stream exchange (records.py) are imported at their first use:
+# `firstfault analyze` reads none of them.
+_RECORDS = frozenset({"DeadLetter", "RawLine", "SchedulerEvent", "SourceKind"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _RECORDS:
+        from . import records
+
+        return getattr(records, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
