@@ -1,5 +1,6 @@
 """The process entry of the command line: ``python -m firstfault`` and the ``firstfault`` command."""
 import gc
+import sys
 
 
 def run() -> int:
@@ -14,6 +15,13 @@ def run() -> int:
     finally:
         gc.freeze()
         gc.enable()
+    if sys.argv[1:2] == ["analyze"]:
+        # One analysis, then the process ends: the collector's passes made rarer for all of it (its
+        # imports and the catalog's restoring too), as analyze_bundle makes them (rules/collect.py).
+        from firstfault.rules.collect import GEN0
+
+        threshold = gc.get_threshold()
+        gc.set_threshold(max(threshold[0], GEN0), *threshold[1:])
     return main()
 
 
