@@ -187,6 +187,9 @@ RECOVERY_GAPS = {
     "ho101-madgraph-ci-nvml-mismatch-itscrd-v100": "the host is only in uname's output ('Linux itscrd-v100.cern.ch "
         "x86_64') above nvidia-smi's, which names none: like a prompt (ho16) or a loop's header (ho64), no such line "
         "is read as scoping the lines below it, so no node is drained",
+    "ho111-a100-sxm4-back-to-back-gsp-xid119": "a GSP timeout (Xid 119), even 'Back to back GSP RPC timeout "
+        "detected! GPU marked for reset', is a weak hardware root, as in ho53-rtx-pro-6000-vllm-gsp-rpc-timeout-xid119: "
+        "the node is excluded from the rerun, not drained",
     "ho79-nccl-cudawrap-insufficient-driver": "NCCL's 'CUDA driver version is insufficient for CUDA runtime "
         "version' is the CUDA runtime's view of the driver (the job's CUDA may simply be newer than the node's "
         "driver): the node is excluded from the rerun, not drained",
