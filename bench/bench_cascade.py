@@ -345,7 +345,8 @@ def stage_split(bundle: Path) -> dict:
     read: intake, file reads, the prefilter, the walk over candidate lines, the inventory;
     prefix: rules.prefixes.read_head_keyed and read_head (the line's own prefixes and those of lines a
     stamp is inherited from); match: Extractor._match (Pattern.search before it); event: Extractor._event;
-    merge: EventSet.add and EventSet.fold;
+    merge: EventSet.add and EventSet.fold. Since _read_line takes a remembered head, a remembered match
+    outcome and a repeat's remembered facts itself (issue 24), those count as read, and its fold as merge;
     final: diagnose() (EARLY and FINAL rules, the diagnosis object)."""
     from firstfault.rules import catalog, engine, extract, model
 
@@ -356,6 +357,8 @@ def stage_split(bundle: Path) -> dict:
                (model.EventSet, "add", "merge"), (engine, "diagnose", "final")]
     if hasattr(extract, "read_head_keyed"):     # read_line's own prefixes (read_head: the lines above it)
         patches.append((extract, "read_head_keyed", "prefix"))
+    if hasattr(extract, "read_head_missed"):    # since _read_line takes a remembered head itself: the rest
+        patches.append((extract, "read_head_missed", "prefix"))
     if hasattr(model.EventSet, "fold"):         # a repeat counted into its event, from inside _event
         patches.append((model.EventSet, "fold", "merge"))
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]

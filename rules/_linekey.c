@@ -278,6 +278,66 @@ newlines(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(count);
 }
 
+/* group_bytes(data, spans, indices) -> tuple: for each index i of ``indices``, data[s:e] where (s, e) is
+ * spans[i], or None where s < 0 (an unset group). The key rules/extract.py's event memo reads a match's
+ * looked-up groups by (_Plan.looked_at): the bytes of the groups a line's lookups read. Slices as Python's
+ * do (PySlice_AdjustIndices). */
+static PyObject *
+group_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !(PyList_Check(args[1]) || PyTuple_Check(args[1]))
+            || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "group_bytes(data: bytes, spans: list | tuple, indices: tuple)");
+        return NULL;
+    }
+    PyObject *data = args[0], *spans = args[1], *indices = args[2];
+    Py_ssize_t len = PyBytes_GET_SIZE(data);
+    Py_ssize_t count = PyTuple_GET_SIZE(indices);
+    Py_ssize_t nspans = PySequence_Fast_GET_SIZE(spans);
+    PyObject **items = PySequence_Fast_ITEMS(spans);
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, k));
+        if (i == -1 && PyErr_Occurred())
+            goto fail;
+        if (i < 0)
+            i += nspans;
+        if (i < 0 || i >= nspans) {
+            PyErr_SetString(PyExc_IndexError, "group_bytes: index out of range");
+            goto fail;
+        }
+        PyObject *span = items[i];
+        if (!PyTuple_Check(span) || PyTuple_GET_SIZE(span) != 2) {
+            PyErr_SetString(PyExc_TypeError, "group_bytes: a span is a (start, end) tuple");
+            goto fail;
+        }
+        Py_ssize_t s = PyLong_AsSsize_t(PyTuple_GET_ITEM(span, 0));
+        if (s == -1 && PyErr_Occurred())
+            goto fail;
+        PyObject *value;
+        if (s < 0) {
+            value = Py_None;
+            Py_INCREF(value);
+        }
+        else {
+            Py_ssize_t e = PyLong_AsSsize_t(PyTuple_GET_ITEM(span, 1));
+            if (e == -1 && PyErr_Occurred())
+                goto fail;
+            Py_ssize_t size = PySlice_AdjustIndices(len, &s, &e, 1);     /* 0 where e <= s */
+            value = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + s, size);
+            if (value == NULL)
+                goto fail;
+        }
+        PyTuple_SET_ITEM(out, k, value);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"line_keys", line_keys, METH_O,
      "line_keys(data) -> (zeroed, key): data with its digits as '0', and that with its pointers' hex\n"
@@ -286,6 +346,9 @@ static PyMethodDef methods[] = {
      "head_hit(line, ctx, chains, head_type, max_len) -> None | (head, mdata, mzeroed) | (None, data,\n"
      "zeroed, key, known): the remembered head of a plain ASCII line and its message's keys, else its\n"
      "keys (see rules/prefixes.py read_head_keyed)."},
+    {"group_bytes", (PyCFunction)(void (*)(void))group_bytes, METH_FASTCALL,
+     "group_bytes(data, spans, indices) -> tuple: data[s:e] for each spans[i] = (s, e) of the indices,\n"
+     "None where s < 0 (see rules/extract.py _group_bytes)."},
     {"newlines", (PyCFunction)(void (*)(void))newlines, METH_FASTCALL,
      "newlines(data, start, end) -> data.count(b\"\\n\", start, end)."},
     {NULL, NULL, 0, NULL},

@@ -26,7 +26,8 @@ from .bundle import log_name, source_of
 from .catalog import Catalog, Pattern
 from .model import Ev, EventSet
 from .prefilter import Prefilter, TooManyHits, anchor_index
-from .prefixes import Head, StampContext, read_head, read_head_keyed
+from .prefixes import _CHAIN_LINE, _CHAINS, Head, StampContext, read_head, read_head_missed
+from .prefixes import _head_hit as head_hit
 from .stamps import iso_z, parse_iso, parse_rfc1123z
 
 
@@ -40,6 +41,19 @@ try:        # rules/_linekey.c: the same count, vectorized (a block's bytes are 
 except ImportError:                 # not compiled (or built before it had one): the same answers
     _newlines_c = None
 newlines = _newlines if _newlines_c is None or os.environ.get("FIRSTFAULT_PURE_PYTHON") == "1" else _newlines_c
+
+
+def _group_bytes(data: bytes, spans: list[tuple[int, int]], indices: tuple[int, ...]) -> tuple[bytes | None, ...]:
+    """The bytes of the groups at ``indices`` of a match (its ``spans`` on ``data``), None for one unset."""
+    return tuple(data[s:e] if s >= 0 else None for s, e in map(spans.__getitem__, indices))
+
+
+try:        # rules/_linekey.c: the same tuple, without a generator a line
+    from ._linekey import group_bytes as _group_bytes_c
+except ImportError:                 # not compiled (or built before it had one): the same answers
+    _group_bytes_c = None
+group_bytes = (_group_bytes if _group_bytes_c is None or os.environ.get("FIRSTFAULT_PURE_PYTHON") == "1"
+               else _group_bytes_c)
 
 MIXED = "mixed"               # a file of unknown kind: any source's patterns apply
 MAX_LINE = 64 * 1024          # longer lines are matched on their first MAX_LINE bytes (and flagged)
@@ -244,6 +258,9 @@ class Extractor:
         self._scopes: dict[str, dict[str, str | None]] = {}   # path -> what its lines so far say of the next (Pattern.scope)
         self._memo = _memo(catalog)
         self._outcomes = self._memo.outcomes          # cleared in place, never replaced
+        # (plan, looked-up groups' bytes, head rank and host, source, file host, path) -> what _event's lookups
+        # make of a line: this workload's hosts answer them, so they are the extractor's own
+        self._facts: dict[tuple, tuple] = {}
 
     def _candidates(self, anchor_ids: Collection[int], source: str) -> _Candidates:
         """Patterns to try for a line that hit these anchors, in priority order (memoized)."""
@@ -381,29 +398,63 @@ class Extractor:
             stats.truncated += 1
         text = raw.decode("utf-8", "replace").rstrip("\r")
         damaged = truncated or "\ufffd" in text
-        head, data, zeroed = read_head_keyed(text, ctx)     # and the message's UTF-8 and key, if ASCII
+        # read_head_keyed (the head and the message's UTF-8 and key, if ASCII), its remembered case inline
+        hit = head_hit(text, ctx, _CHAINS, Head, _CHAIN_LINE) if head_hit is not None else None
+        if hit is not None and len(hit) == 3:
+            head, data, zeroed = hit
+        else:
+            head, data, zeroed = read_head_missed(text, ctx, hit)
         message = head.message
-        found = self._match(candidates, message, data, zeroed)
-        if found is None:
+        # _match's remembered outcome, inline (most lines of a cascade): the same key, the same answer
+        known = (self._outcomes.get((candidates.cid, zeroed), _UNSEEN)
+                 if data is not None and len(data) <= MEMO_BYTES else _UNSEEN)
+        if known is _UNSEEN:
+            found = self._match(candidates, message, data, zeroed)
+            if found is None:
+                if damaged and not remember_only:
+                    return self._unparsed(path, source, file_host, line_no, text, head, truncated, stats)
+                return None
+            plan, spans, data = found
+        elif known is None:
             if damaged and not remember_only:
                 return self._unparsed(path, source, file_host, line_no, text, head, truncated, stats)
             return None
-        plan, spans, data = found
-        pat = plan.pat
-        if pat.in_block is not None and above is not None and _under_header(pat, above, ctx):
-            pat = self._memo.in_block(pat)
-            plan = self._memo.plan(pat)
-        base = None
-        if pat.scope:
-            base = plan.fields(message, data, spans)
-            self._set_scope(path, pat, base)
+        else:
+            plan = candidates.plans[known[0]]
+            spans = known[1]
+        if plan.usual:
+            pat = None
+            base = None
+        else:
+            pat = plan.pat
+            if pat.in_block is not None and above is not None and _under_header(pat, above, ctx):
+                pat = self._memo.in_block(pat)
+                plan = self._memo.plan(pat)
+            base = None
+            if pat.scope:
+                base = plan.fields(message, data, spans)
+                self._set_scope(path, pat, base)
         # An _Above is the block's (scan_block); a callable gives the lines above (the stream's).
         block_above = above if type(above) is _Above else None
         if head.stamp is None and head.quality != "order_only" and above is not None:
-            gap = block_above.inherit(head, ctx) if block_above is not None else _inherit(head, above(), ctx)
+            if block_above is None:
+                gap = _inherit(head, above(), ctx)
+            elif block_above._for == block_above.line_no - 1:
+                # _Above.inherit's first case, inline (a run of unstamped lines): the line above's find
+                n = block_above.line_no
+                stamp, came = block_above._stamp, block_above._from
+                if stamp is not None and n - came <= LOOKBACK:
+                    head.stamp, head.quality = stamp, "inherited"
+                    block_above._for = n
+                    gap = n - came
+                else:
+                    block_above._for, block_above._stamp, block_above._from = n, None, None
+                    gap = None
+            else:
+                gap = block_above.inherit(head, ctx)
             if path in self._stated:
                 self._stated_above(head, path, line_no, gap)
-        if pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
+        if pat is not None and pat.stamp_field and head.quality in ("none", "inherited", "order_only"):
             # A report's field (kubectl describe's "Finished:") dates its record above it, not the
             # lines below: only a log line's stated time bounds what follows it.
             m = _Spans(message, data, spans, pat.regex)
@@ -411,8 +462,30 @@ class Extractor:
                 self._note_stated(path, line_no, head.stamp)
         if remember_only:
             return None
+        into = block_above.events if block_above is not None else None
+        if into is not None and plan.usual and not (self._scopes and self._scopes.get(path)):
+            # _event's remembered facts and fold, inline (most lines of a cascade): see _event
+            key = (plan, group_bytes(data, spans, plan.looked_at), head.host, source, file_host, path)
+            facts = self._facts.get(key)
+            if facts is None:
+                facts = self._new_facts(key, plan, spans, message, data, head, path, source, file_host)
+            if facts is not _BY_RANK:
+                rank = head.rank
+                if rank is None:
+                    rank = facts[1]
+                elif not 0 <= rank < MAX_RANK:
+                    rank = facts[2]
+                stamp = onset = head.stamp
+                ran_ms = facts[6]
+                if ran_ms is not None and stamp is not None:
+                    try:
+                        onset = stamp - timedelta(milliseconds=ran_ms)
+                    except OverflowError:           # a stamp near year 1
+                        onset = stamp
+                if into.fold(facts[0], stamp, onset, rank, path, line_no):
+                    return FOLDED
         return self._event(plan, spans, message, data, base, head, path, source, file_host, line_no, text,
-                           damaged, block_above.events if block_above is not None else None)
+                           damaged, into)
 
     @staticmethod
     def _unparsed(path: str, source: str, file_host: str | None, line_no: int, text: str, head: Head,
@@ -502,31 +575,85 @@ class Extractor:
                line_no: int, text: str, damaged: bool, into: EventSet | None = None) -> Ev:
         """The line's event; with ``into``, a repeat of an event already there is folded into it
         instead (most lines of a cascade) and FOLDED comes back. ``base``: the pattern's fields of
-        this line when the caller read them already (``_Plan.fields``)."""
+        this line when the caller read them already (``_Plan.fields``).
+
+        What the lookups make of a line (its signature, rank, host, GPU and source, the onset field)
+        depends only on the pattern's looked-up groups and the line's rank, host, source, file and file
+        host, when no scope applies and no lookup reads a field the line adds (``_Plan.plain``): those
+        are remembered (``_new_facts``; by rank only where the rank places the line or is in its
+        signature), so a repeat reads no field at all."""
+        if base is None and plan.plain and not (self._scopes and self._scopes.get(path)):
+            key = (plan, group_bytes(data, spans, plan.looked_at), head.host, source, file_host, path)
+            facts = self._facts.get(key)
+            if facts is None:
+                facts = self._new_facts(key, plan, spans, message, data, head, path, source, file_host)
+            if facts is _BY_RANK:
+                facts = self._facts.get((key, head.rank))
+                if facts is None:
+                    self._new_facts(key, plan, spans, message, data, head, path, source, file_host)
+                    facts = self._facts[(key, head.rank)]
+                signature, rank, host, pci, source, by_block, ran_ms = facts
+            else:
+                signature, rank_none, rank_bad, host, pci, source, ran_ms = facts
+                rank = head.rank
+                if rank is None:
+                    rank = rank_none
+                elif not 0 <= rank < MAX_RANK:
+                    rank = rank_bad
+                by_block = False
+            stamp = onset = head.stamp
+            if ran_ms is not None and stamp is not None:
+                try:
+                    onset = stamp - timedelta(milliseconds=ran_ms)
+                except OverflowError:           # a stamp near year 1
+                    onset = stamp
+            if into is not None and into.fold(signature, stamp, onset, rank, path, line_no):
+                return FOLDED
+            fields = _line_fields(plan.fields(message, data, spans), head, damaged)
+            if by_block:
+                fields["host_basis"] = "rank_placement"
+            return Ev(kind=plan.pat.kind, pattern=plan.pat.id, source=source, path=path, line=line_no,
+                      text=text if len(text) <= SHOWN else _shown(text), host=host, pci=pci, rank=rank,
+                      stamp=stamp, last_stamp=stamp, onset=onset, quality=head.quality, fields=fields,
+                      count=1, ranks={rank} if rank is not None else set(), signature=signature)
+        return self._event_read(plan, spans, message, data, base, head, path, source, file_host, line_no, text,
+                                damaged, into)
+
+    def _new_facts(self, key: tuple, plan: _Plan, spans: list[tuple[int, int]], message: str, data: bytes,
+                   head: Head, path: str, source: str, file_host: str | None) -> tuple:
+        """``_event``'s remembered facts of a line (see there), worked out as _event_read works them out,
+        and what is remembered under ``key``: where neither the signature nor the host reads the rank
+        (the usual case: ranks aggregated, a host named), the facts with the rank to take when the line
+        has none and when its own is out of range; else _BY_RANK, and the facts under (key, rank)."""
+        fields = plan.read(message, data, spans, plan.looked)
+        source, rank, host, by_block, pci, by_rank = self._lookups(plan, fields, head, path, source, file_host,
+                                                                   None)
         pat = plan.pat
-        scope = self._scopes.get(path) if self._scopes else None
-        # Lookups read the pattern's fields; the line's additions come in only for an event that is
-        # kept, unless a lookup names one (plan.plain). Until the event is kept only the fields the
-        # lookups name are read (plan.looked): a folded repeat never needs the rest.
-        lazy = False
-        if base is not None:
-            fields: dict[str, Any] = base
-        elif plan.lazy and not scope:
-            lazy = True
-            fields = plan.read(message, data, spans, plan.looked)
-        else:
-            fields = base = plan.read(message, data, spans, plan.groups)
-        if not plan.plain:
-            fields = _line_fields(fields, head, damaged)
+        ran_ms = fields.get(pat.onset_field) if pat.onset_field else None
+        if not (isinstance(ran_ms, (int, float)) and 0 <= ran_ms <= MAX_ONSET_MS):
+            ran_ms = None
+        rank_key = "*" if pat.aggregate_ranks else repr(rank)
+        signature = f"{plan.head}\x1f{source}\x1f{host or ''}\x1f{pci or ''}\x1f{rank_key}{plan.group(fields)}"
+        facts = self._facts
+        if len(facts) >= FACTS_ENTRIES:
+            facts.clear()
+        if pat.aggregate_ranks and not by_rank:
+            found = facts[key] = (signature, _line_rank(pat, fields, None, path, source),
+                                  _line_rank(pat, fields, -1, path, source), host, pci, source, ran_ms)
+            return found
+        facts[key] = _BY_RANK
+        facts[(key, head.rank)] = (signature, rank, host, pci, source, by_block, ran_ms)
+        return _BY_RANK
+
+    def _lookups(self, plan: _Plan, fields: dict[str, Any], head: Head, path: str, source: str,
+                 file_host: str | None, scope: dict[str, str | None] | None) -> tuple:
+        """Who and where the line is about: (source, rank, host, by_block, pci, by_rank: whether the host
+        came from the rank). ``fields``: the pattern's (and the line's, unless plan.plain), completed in
+        place by the scope."""
+        pat = plan.pat
         if source in (MIXED, "app") and source not in pat.sources:
             source = plan.console_source          # a pasted kernel line in a console log is still a kernel line
-        rank = head.rank
-        if rank is None and pat.rank_field and isinstance(fields.get(pat.rank_field), int):
-            rank = fields[pat.rank_field]
-        if rank is not None and not 0 <= rank < MAX_RANK:
-            rank = None
-        if rank is None and source == "app":
-            rank = _rank_of_file(path)
+        rank = _line_rank(pat, fields, head.rank, path, source)
         # Who the line is about: a host it names, the NCCL prefix, the file's host, then the
         # rank map (explicit, else block placement by gpus_per_node, which is only a guess).
         hosts = self.hosts
@@ -550,6 +677,7 @@ class Extractor:
                 fields["torn_down_by"] = scope["teardown"]
         if host is None and file_host:
             host = file_host
+        by_rank = host is None              # placed by its rank (or the one node): the rank is in the answer
         if host is None:
             host = hosts.rank_host(rank)
             by_block = host is not None and hosts.placed_by_block(rank)
@@ -558,6 +686,29 @@ class Extractor:
             if host is None:
                 host = hosts.sole
         pci = normalize_pci(fields.get(pat.gpu_field)) if pat.gpu_field else None
+        return source, rank, host, by_block, pci, by_rank
+
+    def _event_read(self, plan: _Plan, spans: list[tuple[int, int]], message: str, data: bytes,
+                    base: dict[str, Any] | None, head: Head, path: str, source: str, file_host: str | None,
+                    line_no: int, text: str, damaged: bool, into: EventSet | None = None) -> Ev:
+        """``_event`` reading the fields (a scope applies, a lookup reads a field the line adds, or the
+        caller read them already)."""
+        pat = plan.pat
+        scope = self._scopes.get(path) if self._scopes else None
+        # Lookups read the pattern's fields; the line's additions come in only for an event that is
+        # kept, unless a lookup names one (plan.plain). Until the event is kept only the fields the
+        # lookups name are read (plan.looked): a folded repeat never needs the rest.
+        lazy = False
+        if base is not None:
+            fields: dict[str, Any] = base
+        elif plan.lazy and not scope:
+            lazy = True
+            fields = plan.read(message, data, spans, plan.looked)
+        else:
+            fields = base = plan.read(message, data, spans, plan.groups)
+        if not plan.plain:
+            fields = _line_fields(fields, head, damaged)
+        source, rank, host, by_block, pci, _ = self._lookups(plan, fields, head, path, source, file_host, scope)
         stamp = onset = head.stamp
         if pat.onset_field and stamp is not None:
             ran_ms = fields.get(pat.onset_field)
@@ -615,8 +766,8 @@ def _line_fields(fields: dict[str, Any], head: Head, damaged: bool) -> dict[str,
 class _Plan:
     """What a pattern's events need, worked out once per pattern instead of once per line."""
 
-    __slots__ = ("pat", "head", "console_source", "plain", "lazy", "groups", "looked", "_constants",
-                 "_group_by", "_one", "_values")
+    __slots__ = ("pat", "head", "console_source", "plain", "lazy", "groups", "looked", "looked_at", "usual",
+                 "_constants", "_group_by", "_one", "_values")
 
     def __init__(self, pat: Pattern) -> None:
         self.pat = pat
@@ -635,6 +786,10 @@ class _Plan:
         self.plain = not named & LINE_ADDS
         # The groups those lookups name (looked): fewer than all, and a folded repeat reads only them.
         self.looked = tuple(g for g in self.groups if g[0] in named)
+        self.looked_at = tuple(i for _, i, _ in self.looked)       # their indices in a match's spans
+        # Read as most lines are: no block header above it to look for, nothing said of the lines below
+        # it, no time of its own, and lookups that read only the pattern's fields (Extractor._read_line)
+        self.usual = pat.in_block is None and not pat.scope and not pat.stamp_field and self.plain
         self.lazy = len(self.looked) < len(self.groups)
 
     def fields(self, text: str, data: bytes, spans: list[tuple[int, int]]) -> dict[str, Any]:
@@ -709,9 +864,25 @@ _UNSEEN = object()
 LINE_ADDS = frozenset({"damaged_line", "uptime_s", "pid_prefix", "cuda_dev", "host_basis"})    # see _line_fields
 _ZEROS = bytes.maketrans(b"0123456789", b"0000000000")
 MEMO_ENTRIES = 8192           # match outcomes remembered per catalog (then forgotten at once)
+FACTS_ENTRIES = 1024          # lines' facts an extractor remembers (a stream worker holds one a live workload)
 MEMO_BYTES = 1024             # longer messages are matched, not remembered: the memo stays a few MiB
 # read_line's answer for a matched line already counted into an event of the set (see _event)
 FOLDED = Ev(kind="folded", pattern="folded", source="app", path="", line=0, text="")
+
+
+_BY_RANK = object()           # Extractor._facts: this key's facts are remembered by rank too
+
+
+def _line_rank(pat: Pattern, fields: dict[str, Any], rank: int | None, path: str, source: str) -> int | None:
+    """The line's rank: its prefix's (``rank``), else the pattern's rank field, else its file's name
+    (an application file's); None for one out of range."""
+    if rank is None and pat.rank_field and isinstance(fields.get(pat.rank_field), int):
+        rank = fields[pat.rank_field]
+    if rank is not None and not 0 <= rank < MAX_RANK:
+        rank = None
+    if rank is None and source == "app":
+        rank = _rank_of_file(path)
+    return rank
 
 
 @lru_cache(maxsize=4096)

@@ -362,11 +362,18 @@ def read_head_keyed(line: str, ctx: StampContext) -> tuple[Head, bytes | None, b
         # rules/_linekey.c: a plain ASCII line's remembered head and its message's keys in one call
         # (most lines), else the line's keys
         hit = _head_hit(line, ctx, _CHAINS, Head, _CHAIN_LINE)
-        if hit is not None:
-            if len(hit) == 3:
-                return hit
-            _, data, zeroed, key, known = hit
-            return _keyed(line, ctx, data, zeroed, key, known)
+        if hit is not None and len(hit) == 3:
+            return hit
+        return read_head_missed(line, ctx, hit)
+    return read_head_missed(line, ctx, None)
+
+
+def read_head_missed(line: str, ctx: StampContext, hit: tuple | None) -> tuple[Head, bytes | None, bytes | None]:
+    """``read_head_keyed`` of a line whose head is not remembered: ``hit`` is what head_hit answered
+    for it (its keys and chain), None where it was not asked or answered None."""
+    if hit is not None:
+        _, data, zeroed, key, known = hit
+        return _keyed(line, ctx, data, zeroed, key, known)
     if "\x1b" in line or "[0m" in line or "\ufffd[" in line or line[:1] == "\ufeff":      # plain()'s tests, inline: most lines pass all
         line = plain(line)
     if len(line) <= _CHAIN_LINE:

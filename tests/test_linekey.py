@@ -94,3 +94,57 @@ def test_head_hit_keeps_its_references():
     gc.collect()
     after = [sys.getrefcount(x) for x in watched]
     assert all(abs(a - b) <= 2 for a, b in zip(after, before)), (before, after)
+
+
+def test_group_bytes_is_the_python_slices():
+    """group_bytes: each indexed span's bytes (None for an unset group), as extract._group_bytes slices them."""
+    if extract._group_bytes_c is None:
+        pytest.fail("firstfault.rules._linekey is not built: pip install -e . compiles it")
+    rng = random.Random(24)
+    for _ in range(2000):
+        data = bytes(rng.choice(b"ab0x \xc3\xa9") for _ in range(rng.randint(0, 60)))
+        n = len(data)
+        spans = [(rng.randint(-1, n + 3), rng.randint(-1, n + 3)) for _ in range(rng.randint(1, 8))]
+        spans += [(-1, -1)]
+        for container in (list, tuple):
+            indices = tuple(rng.randrange(len(spans)) for _ in range(rng.randint(0, 5)))
+            got = extract._group_bytes_c(data, container(spans), indices)
+            assert got == extract._group_bytes(data, spans, indices), (data, spans, indices)
+            assert type(got) is tuple
+    # a real match's spans: the looked-up groups a plan keys its lines' facts by
+    data = b"Got completion from peer 10.0.49.1<41925> with error 12"
+    spans = [(0, len(data)), (25, 34), (35, 40), (-1, -1), (53, 55)]
+    assert extract._group_bytes_c(data, spans, (1, 3, 4)) == (b"10.0.49.1", None, b"12")
+    assert extract._group_bytes_c(data, spans, ()) == ()
+
+
+def test_group_bytes_refuses_what_it_cannot_read():
+    if extract._group_bytes_c is None:
+        pytest.fail("firstfault.rules._linekey is not built: pip install -e . compiles it")
+    bad = [("ab", [(0, 1)], (0,)), (b"ab", [(0, 1)], [0]), (b"ab", {0: (0, 1)}, (0,)), (b"ab", [(0, 1)], (5,)),
+           (b"ab", [(0, 1, 2)], (0,)), (b"ab", [[0, 1]], (0,)), (b"ab", [(0, 1)], ("0",)), (b"ab", [("0", 1)], (0,)),
+           (b"ab", [(0, 1)])]
+    for args in bad:
+        with pytest.raises((TypeError, IndexError)):
+            extract._group_bytes_c(*args)
+
+
+def test_group_bytes_keeps_its_references():
+    if extract._group_bytes_c is None:
+        pytest.fail("firstfault.rules._linekey is not built: pip install -e . compiles it")
+    data = b"x" * 50
+    big = 10 ** 6                                   # not small ints: their counts move
+    spans = [(0, 50), (3, big), (-1, -1), (big, big + 1)]
+    indices = (0, 1, 2, 3, 1)
+    gc.collect()
+    watched = [data, spans, indices, *spans, big, None]
+    before = [sys.getrefcount(x) for x in watched]
+    for _ in range(20_000):
+        extract._group_bytes_c(data, spans, indices)
+        try:
+            extract._group_bytes_c(data, spans, (0, 9))
+        except IndexError:
+            pass
+    gc.collect()
+    after = [sys.getrefcount(x) for x in watched]
+    assert all(abs(a - b) <= 2 for a, b in zip(after, before)), (before, after)
