@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <string.h>
 
 static int
@@ -111,6 +112,74 @@ line_keys(PyObject *self, PyObject *arg)
     return out;
 }
 
+/* A slotted dataclass's instance (prefixes.Head) from its fields' values in order, without running its
+ * __init__ (Python code a line): the values go straight into the slots, as __init__'s assignments put
+ * them. The type's layout is learnt once (its __slots__ in field order, each a T_OBJECT_EX member);
+ * NULL without an error when the type is not such a class (the caller calls the type then). */
+static PyObject *layout_type = NULL;             /* the type whose offsets are known (a strong reference) */
+static Py_ssize_t layout_offsets[16];
+static Py_ssize_t layout_count = -1;             /* -1: not such a class */
+
+static int
+learn_layout(PyObject *type_obj)
+{
+    PyTypeObject *type = (PyTypeObject *)type_obj;
+    Py_XDECREF(layout_type);
+    Py_INCREF(type_obj);
+    layout_type = type_obj;
+    layout_count = -1;
+    if (!PyType_Check(type_obj) || !(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_members == NULL
+            || type->tp_dictoffset != 0 || type->tp_base != &PyBaseObject_Type)
+        return 0;
+    PyObject *slots = PyObject_GetAttrString(type_obj, "__slots__");
+    if (slots == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t n = PyTuple_Check(slots) ? PyTuple_GET_SIZE(slots) : -1;
+    int ok = n > 0 && n <= 16;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(slots, i);
+        const char *utf8 = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+        if (utf8 == NULL) {
+            PyErr_Clear();
+            ok = 0;
+            break;
+        }
+        ok = 0;
+        for (PyMemberDef *m = type->tp_members; m->name != NULL; m++) {
+            if (strcmp(m->name, utf8) == 0 && m->type == T_OBJECT_EX && !(m->flags & READONLY)) {
+                layout_offsets[i] = m->offset;
+                ok = 1;
+                break;
+            }
+        }
+    }
+    Py_DECREF(slots);
+    if (ok)
+        layout_count = n;
+    return 0;
+}
+
+static PyObject *
+build_slotted(PyObject *type_obj, PyObject *const *values, Py_ssize_t n)
+{
+    if (type_obj != layout_type)
+        learn_layout(type_obj);
+    if (layout_count != n)
+        return NULL;
+    PyTypeObject *type = (PyTypeObject *)type_obj;
+    PyObject *obj = type->tp_alloc(type, 0);
+    if (obj == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject **slot = (PyObject **)((char *)obj + layout_offsets[i]);
+        Py_INCREF(values[i]);
+        Py_XSETREF(*slot, values[i]);
+    }
+    return obj;
+}
+
 /* The Head a remembered prefix gives ``line`` under this very ctx (head_type(message, *seen[1:])), and
  * in *cut_out where its message starts; found is chains[key], (chain, heads). NULL without an error
  * when the chain must be replayed or the line read; NULL with one on an error. */
@@ -151,7 +220,9 @@ remembered_head(PyObject *line, PyObject *ctx, PyObject *found, PyObject *head_t
     call[0] = message;
     for (Py_ssize_t i = 1; i < k; i++)
         call[i] = PyTuple_GET_ITEM(seen, i);
-    PyObject *made = PyObject_Vectorcall(head_type, call, (size_t)k, NULL);
+    PyObject *made = build_slotted(head_type, call, k);
+    if (made == NULL && !PyErr_Occurred())
+        made = PyObject_Vectorcall(head_type, call, (size_t)k, NULL);
     Py_DECREF(message);
     Py_DECREF(seen);
     *cut_out = cut;

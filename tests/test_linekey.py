@@ -148,3 +148,36 @@ def test_group_bytes_keeps_its_references():
     gc.collect()
     after = [sys.getrefcount(x) for x in watched]
     assert all(abs(a - b) <= 2 for a, b in zip(after, before)), (before, after)
+
+
+def test_head_hit_builds_the_head_its_type_would():
+    """A remembered head goes straight into Head's slots (no __init__ a line): equal to Head(...), its
+    values the remembered ones (shared, their counts kept); any other callable is called as before."""
+    _compiled()
+    read_head(NCCL, CTX)
+    read_head(NCCL, CTX)
+    chains = dict(prefixes._CHAINS)
+    head, _, _ = prefixes._head_hit(NCCL, CTX, chains, Head, 1024)
+    assert type(head) is Head and head == Head("proxy.cc:1143 NCCL WARN Socket recv failed for opId=0x7f018ec0a720",
+                                               None, "none", "gpu-312", 2488, None, 122947, 0, None)
+    seen = next(v for _, heads in chains.values() for v in heads.values() if v[3] == "gpu-312")
+    gc.collect()
+    before = [sys.getrefcount(x) for x in seen]
+    made = [prefixes._head_hit(NCCL, CTX, chains, Head, 1024)[0] for _ in range(1000)]
+    during = [sys.getrefcount(x) for x in seen]
+    assert all(m.host is seen[3] and m.pid is seen[6] for m in made)
+    del made
+    gc.collect()
+    after = [sys.getrefcount(x) for x in seen]
+    assert all(abs(a - b) <= 2 for a, b in zip(after, before)), (before, after)
+    assert during[3] >= before[3] + 1000            # each head holds its own reference to the host
+
+    calls = []
+
+    def not_slotted(*args):
+        calls.append(args)
+        return Head(*args)
+    assert prefixes._head_hit(NCCL, CTX, chains, not_slotted, 1024)[0] == head
+    assert len(calls) == 1 and calls[0][3] == "gpu-312"
+    # and Head again after another callable (the layout is learnt again)
+    assert prefixes._head_hit(NCCL, CTX, chains, Head, 1024)[0] == head
