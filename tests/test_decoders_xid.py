@@ -248,13 +248,14 @@ def test_missing_xid_number_is_not_decoded():
 @pytest.mark.parametrize("code,role,domain,sub_domain", [
     (79, "root", "gpu", "gpu_fell_off_bus"),
     *[(c, "root", "gpu", "gpu_memory_ecc") for c in (48, 94, 95, 64, 140, 171, 172)],
-    *[(c, "root", "gpu", "gpu_hardware_fault") for c in (119, 120, 62, 46, 109, 110, 143, 158, 169, 61)],
+    *[(c, "root", "gpu", "gpu_hardware_fault") for c in (119, 120, 62, 46, 110, 143, 158, 169, 61)],
     (74, "root", "interconnect", "nvlink_error"),
     (136, "root", "interconnect", "nvlink_signal_integrity"),
     (137, "root", "application", "illegal_memory_access"),
     *[(c, "root", "application", "illegal_memory_access") for c in (13, 31, 69)],
     (43, "symptom", None, None),
     (8, "symptom", None, None),         # the RC watchdog: a hang of any origin (NVIDIA: RESTART_APP)
+    (109, "symptom", None, None),       # a context switch that timed out: a hang of any origin too
     (32, "root", "host", "pcie_error"),
     (167, "root", "host", "pcie_error"),
     (45, "marker", None, None),
