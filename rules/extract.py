@@ -262,6 +262,14 @@ class Extractor:
         # make of a line: this workload's hosts answer them, so they are the extractor's own
         self._facts: dict[tuple, tuple] = {}
 
+    def carry_file_state(self, earlier: "Extractor") -> None:
+        """Take over what ``earlier``'s lines said of the lines below them in their files (scopes, the
+        last stated times): an extractor made again for a newer record of the same workload reads the
+        files' next lines as the one extractor of an offline read does. Its memos are not taken (they
+        answer from the earlier record's hosts)."""
+        self._scopes = dict(earlier._scopes)
+        self._stated = dict(earlier._stated)
+
     def _candidates(self, anchor_ids: Collection[int], source: str) -> _Candidates:
         """Patterns to try for a line that hit these anchors, in priority order (memoized)."""
         return self._source_candidates(source).get(_anchor_key(anchor_ids)) or self._new_candidates(anchor_ids, source)

@@ -215,7 +215,13 @@ class ExtractorCore:
         key = (alloc.workload.workload_id, alloc.workload.attempt)
         ex = self._extractors.get(key)
         if ex is None or ex.workload is not alloc.workload:
-            ex = self._extractors[key] = Extractor(self.catalog, alloc.workload)
+            new = self._extractors[key] = Extractor(self.catalog, alloc.workload)
+            if ex is not None:
+                # A newer record (the end event's) makes the extractor again, for its hosts; what a file's
+                # lines so far said of the lines below them belongs to the file, not the record: kept, as
+                # the offline reader, which reads each file with one extractor, keeps it.
+                new.carry_file_state(ex)
+            ex = new
         return ex
 
     def _when(self, rec: RawLine, ts_ms: int) -> datetime | None:

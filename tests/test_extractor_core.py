@@ -217,3 +217,35 @@ def test_without_the_lines_before_its_offset_a_successor_makes_other_events():
     sample = next(p for p in sample_dirs() if p.name == "worked-example")
     # Line 200 of the bundle is inside node-01's application log: what follows inherits from above it.
     assert _split_run(sample, 200, context=False) != _split_run(sample, 0, context=False)
+
+
+def test_a_newer_record_keeps_what_a_file_said_of_its_next_lines(tmp_path):
+    """The end event replaces the workload's record, and the extractor is made again for its hosts;
+    srun's task exit above still scopes the lines below it (torn_down_by), as offline."""
+    import json
+
+    bundle = tmp_path / "b"
+    (bundle / "logs" / "app").mkdir(parents=True)
+    (bundle / "workload.json").write_text(json.dumps({
+        "workload_id": "slurm-77", "state": "FAILED", "start_time": "2026-11-02T10:00:00Z",
+        "end_time": "2026-11-02T10:20:00Z", "nodes": ["node-01"], "gpus_per_node": 8}))
+    (bundle / "logs" / "app" / "node-01.log").write_text(
+        "srun: error: node-01: task 0: Exited with exit code 1\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    wl, records = bundle_records(bundle)
+    recs = [rec for _, rec in records]
+    core = ExtractorCore(StreamConfig(hold_s=3600), load_catalog())
+    ts = int(wl.start_time.timestamp() * 1000)
+    core.timeline.apply(SchedulerEvent(type="start", workload=start_record(wl), ts=wl.start_time))
+    core.handle([(recs[0], ts)])
+    core.timeline.apply(SchedulerEvent(type="end", workload=wl, ts=wl.end_time))
+    batches = core.handle([(recs[1], ts)])
+    got = [e for b in batches.values() for e in b.events if e.kind == "child_failed"]
+    assert got and got[0].fields.get("torn_down_by") == "Exited with exit code 1"
+    from firstfault.rules.engine import analyze_bundle
+    from firstfault.rules.intake import open_input
+
+    intake = open_input(bundle)
+    kept = analyze_bundle(intake.bundle, load_catalog(), intake=intake, keep_events=True).events
+    offline = [e for e in kept if e.kind == "child_failed"]
+    assert offline and offline[0].fields.get("torn_down_by") == "Exited with exit code 1"
