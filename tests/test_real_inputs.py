@@ -231,6 +231,9 @@ LABELS_IN_DISPUTE = {
     "ho26-sched-nersc-cori-step-cancelled-is-a-lwp": "slurmstepd's plain 'CANCELLED AT' banner, as in "
         "ho13-sched-trixie-step-cancelled-stepd-terminated-not-ending-cn106: user_cancelled in app-cancel-* and "
         "ho14-sched-scancel-step-cancelled-mlperf-bert-node0400, unattributed here",
+    "ho120-vllm-mp-workers-kv-cache-too-small": "vLLM's 'max seq len (N) is larger than the maximum number of "
+        "tokens that can be stored in KV cache (M)': the GPU's memory budget, cuda_oom, as vllm.kv_cache_memory reads "
+        "it and as XLA's memory-fraction out-of-memory is read; the label reads the ValueError as the program's",
     "ho57-roce-gid0-link-local-modify-qp-enodev": "ibv_modify_qp failing with ENODEV is read as the HCA's path "
         "(a weak ib_link_error, the node left out of the rerun, as early.nccl.src.ibv_modify_qp reads No such "
         "device); the label (low) reads the link-local GID 0 in NCCL's INFO line above as a GID-index setting",

@@ -42,12 +42,29 @@ _U7 = ("[E ProcessGroupNCCL.cpp:475] [Rank 7] Watchdog caught collective operati
        "OpType=ALLREDUCE, NumelIn=10942336, NumelOut=10942336, Timeout(ms)=1800000) ran for 1800289 milliseconds before "
        "timing out.")
 
+# Two ranks of modelscope/DiffSynth-Studio#458 (Lightning's ModelParallelStrategy), as posted: one coalesced
+# batch, each rank's own element count.
+_C4 = ("[rank4]:[E318 07:39:53.792630246 ProcessGroupNCCL.cpp:616] [Rank 4] Watchdog caught collective operation timeout: "
+       "WorkNCCL(SeqNum=610, OpType=COALESCED, NumelIn=56320, NumelOut=450560, Timeout(ms)=600000) ran for 600086 "
+       "milliseconds before timing out.")
+_C6 = ("[rank6]:[E318 07:39:53.793305338 ProcessGroupNCCL.cpp:616] [Rank 6] Watchdog caught collective operation timeout: "
+       "WorkNCCL(SeqNum=610, OpType=COALESCED, NumelIn=76800, NumelOut=614400, Timeout(ms)=600000) ran for 600087 "
+       "milliseconds before timing out.")
+
 _MAX_SEQ_GAP = 1
+# c10d's OpType names (torch/csrc/distributed/c10d/Types.hpp). Point-to-point work pairs a SEND on one
+# rank with a RECV on its peer, each with its own size: a pipeline's hang shows both, in step.
+_P2P = frozenset({"SEND", "RECV", "RECVANYSOURCE"})
+# Collectives whose element count is each rank's own: a coalesced batch (batch_isend_irecv's sends and
+# receives, a coalescing manager's list), all-to-all with uneven splits, gather and scatter (the root's
+# side differs). Their NumelIn differing says nothing of step; their SeqNum and OpType still do.
+_OWN_COUNT = frozenset({"COALESCED", "ALLTOALL", "ALLTOALL_BASE", "GATHER", "SCATTER"})
 
 
 def _work(ev: Ev) -> tuple:
     f = ev.fields
-    return (f.get("seq"), f.get("op"), f.get("numel_in"))
+    op = f.get("op")
+    return (f.get("seq"), op, None if op in _OWN_COUNT else f.get("numel_in"))
 
 
 def _describe(work: tuple) -> str:
@@ -82,18 +99,23 @@ def _size(evs: list[Ev]) -> int:
                 "pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (WorkNCCL's SeqNum/OpType/Numel in "
                 "the timeout line); NCCL matches each rank's n-th collective with the others' n-th; "
                 "hiyouga/LlamaFactory#2902 (the example's lines); axolotl-ai-cloud/axolotl#1495 (unstamped lines, one "
-                "SeqNum, two NumelIn).",
+                "SeqNum, two NumelIn). Point-to-point work (SEND, RECV) is left out and the element count is not compared "
+                "where it is each rank's own (COALESCED, ALLTOALL, ALLTOALL_BASE, GATHER, SCATTER: "
+                "torch/csrc/distributed/c10d/Types.hpp's OpType; modelscope/DiffSynth-Studio#458, one coalesced batch).",
     examples={"fires": [{"workload": _WL, "files": {"logs/app/node-01.log": _R0 + "\n" + _R1}},
                         {"workload": _WL, "files": {"logs/app/node-01.log": _U6 + "\n" + _U7}}],
               "quiet": [{"workload": _WL, "files": {"logs/app/node-01.log": _R0 + "\n" + _R0.replace("rank0", "rank1")
                                                     .replace("Rank 0", "Rank 1")}},
                         {"workload": _WL, "files": {"logs/app/node-01.log": _R0 + "\n" + _R1.replace("1517", "1530")}},
                         # unplaced and one SeqNum apart: nothing ties them to one hang
-                        {"workload": _WL, "files": {"logs/app/node-01.log": _U6 + "\n" + _U7.replace("13807", "13808")}}]},
+                        {"workload": _WL, "files": {"logs/app/node-01.log": _U6 + "\n" + _U7.replace("13807", "13808")}},
+                        # a coalesced batch: each rank's element count is its own
+                        {"workload": _WL, "files": {"logs/app/node-01.log": _C4 + "\n" + _C6}}]},
 )
 def desync(ctx: FinalContext) -> None:
     timeouts = [e for e in ctx.events if e.kind == "watchdog_timeout" and isinstance(e.fields.get("seq"), int)
-                and isinstance(e.fields.get("op"), str) and _members(e) and id(e) not in ctx.excluded]
+                and isinstance(e.fields.get("op"), str) and e.fields["op"] not in _P2P and _members(e)
+                and id(e) not in ctx.excluded]
     groups: dict[object, list[Ev]] = defaultdict(list)
     for ev in timeouts:
         groups[ev.fields.get("pg")].append(ev)
