@@ -463,6 +463,10 @@ def completed(ctx: FinalContext) -> None:
 
 
 _DONE = "`Trainer.fit` stopped: `max_steps=400000` reached."
+# DeepSpeed's per-node launcher on a two-process run that finished (Arnoochka/Transformer-Parallelism deepspeed.log)
+_DS_START = "[2025-09-11 22:29:35,050] [INFO] [launch.py:152:main] nnodes=1, num_local_procs=2, node_rank=0"
+_DS_OK = ("[2025-09-11 22:30:00,068] [INFO] [launch.py:351:main] Process 9520 exits successfully.\n"
+          "[2025-09-11 22:30:01,069] [INFO] [launch.py:351:main] Process 9521 exits successfully.")
 # torchelastic's agent restarting the worker group (torch/distributed/elastic/agent/server/api.py)
 _RESTART = "[default] Worker group FAILED. 2/3 attempts left; will restart worker group"
 
@@ -472,22 +476,30 @@ _RESTART = "[default] Worker group FAILED. 2/3 attempts left; will restart worke
     description="Without a scheduler state (a bare log), the trainer's end-of-run line (Lightning, Hugging Face "
                 "Trainer, W&B's success) is the evidence the run completed, when no cause comes before it in its "
                 "file; errors after it are teardown. A cause the launcher restarted the workers after (torchelastic's "
-                "'will restart worker group', before the end line in the same file) was recovered from. Source: "
-                "uzh-rpg/RVT#40, PrimeIntellect-ai/prime-rl#417, NVIDIA/NeMo's resiliency demo.",
+                "'will restart worker group', before the end line in the same file) was recovered from. DeepSpeed's "
+                "launcher ends a launch normally when each of its num_local_procs processes on each of its nnodes nodes "
+                "'exits successfully' (deepspeed/launcher/launch.py): the last of those lines is then the end. Source: "
+                "uzh-rpg/RVT#40, PrimeIntellect-ai/prime-rl#417, NVIDIA/NeMo's resiliency demo, "
+                "Arnoochka/Transformer-Parallelism's deepspeed.log.",
     examples={"fires": [_scenario({"logs/app/node-01.log": "wandb: Network error (TransientError), entering retry loop.\n" + _DONE},
                                   state="UNKNOWN"),
                         _scenario({"logs/app/node-01.log": "Exception: Simulating a crash at step 17!\n" + _RESTART + "\n" + _DONE},
-                                  state="UNKNOWN")],
+                                  state="UNKNOWN"),
+                        _scenario({"logs/app/node-01.log": _DS_START + "\nwandb: Network error (TransientError), entering retry loop.\n"
+                                   + _DS_OK}, state="UNKNOWN")],
               "quiet": [_scenario({"logs/app/node-01.log": _DONE}),
                         _scenario({"logs/app/node-01.log": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n" + _DONE},
                                   state="UNKNOWN"),
                         _scenario({"logs/app/node-01.log": _RESTART + "\nException: Simulating a crash at step 17!\n" + _DONE},
-                                  state="UNKNOWN")]},
+                                  state="UNKNOWN"),
+                        # one of the two processes said so: one process's end, not the launch's
+                        _scenario({"logs/app/node-01.log": _DS_START + "\nwandb: Network error (TransientError), entering retry loop.\n"
+                                   + _DS_OK.split("\n")[0]}, state="UNKNOWN")]},
 )
 def completed_in_lines(ctx: FinalContext) -> None:
     if ctx.status is not None or ctx.workload.terminal_state != "unknown":
         return
-    done = [e for e in ctx.events if e.kind == "run_completed"]
+    done = [e for e in ctx.events if e.kind == "run_completed"] + _launcher_all_exited(ctx)
     if not done:
         return
     last = max(done, key=lambda e: (e.path, e.line))
@@ -505,6 +517,28 @@ def completed_in_lines(ctx: FinalContext) -> None:
     ctx.step("final.completed_in_lines", "no_failure", done,
              reason="the program's own end-of-run line; what follows it is teardown",
              teardown=len([r for r in ctx.roots if r.path == last.path and r.line > last.line]))
+
+
+def _launcher_all_exited(ctx: FinalContext) -> list[Ev]:
+    """DeepSpeed's per-node launcher logs "Process N exits successfully." for each local process that returned
+    0 and tears the node down at the first that does not: when every node it names (nnodes) has that line
+    for each of its num_local_procs processes, after its last "nnodes=..., num_local_procs=..." line, the
+    launch ended normally. The last such line stands for the run's end (empty: not every process said so)."""
+    starts = [e for e in ctx.events if e.kind == "launch_local_procs"]
+    oks = [e for e in ctx.events if e.kind == "launch_process_ok"]
+    if not starts or not oks:
+        return []
+    start = max(starts, key=lambda e: (e.path, e.line))
+    nnodes, nprocs = start.fields.get("nnodes"), start.fields.get("num_local_procs")
+    if not isinstance(nnodes, int) or not isinstance(nprocs, int) or nnodes < 1 or nprocs < 1:
+        return []
+    pids: dict[str | None, set] = defaultdict(set)
+    for e in oks:
+        if e.path == start.path and e.line > start.line:
+            pids[e.host].add(e.fields.get("pid"))
+    if sum(len(p) >= nprocs for p in pids.values()) < nnodes:
+        return []
+    return [max((e for e in oks if e.path == start.path and e.line > start.line), key=lambda e: e.line)]
 
 
 def _after_the_end_fails(root: Ev) -> bool:
