@@ -532,13 +532,13 @@ def _launcher_all_exited(ctx: FinalContext) -> list[Ev]:
     nnodes, nprocs = start.fields.get("nnodes"), start.fields.get("num_local_procs")
     if not isinstance(nnodes, int) or not isinstance(nprocs, int) or nnodes < 1 or nprocs < 1:
         return []
+    after = [e for e in oks if e.path == start.path and e.line > start.line]
     pids: dict[str | None, set] = defaultdict(set)
-    for e in oks:
-        if e.path == start.path and e.line > start.line:
-            pids[e.host].add(e.fields.get("pid"))
+    for e in after:
+        pids[e.host].add(e.fields.get("pid"))
     if sum(len(p) >= nprocs for p in pids.values()) < nnodes:
         return []
-    return [max((e for e in oks if e.path == start.path and e.line > start.line), key=lambda e: e.line)]
+    return [max(after, key=lambda e: e.line)]
 
 
 def _after_the_end_fails(root: Ev) -> bool:
